@@ -1,0 +1,163 @@
+"""Triton ``verify_tree_greedy`` against its PyTorch twin (and sgl-kernel's CUDA op when present)."""
+
+import random
+
+import pytest
+import torch
+
+from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
+from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def make_case(rng, bs, n, max_depth, topk, vocab, p_follow):
+    """Random draft trees linked as SGLang's build_tree links them: five [bs, n] int64 CPU tensors.
+
+    Node ``r`` gets a random parent among nodes ``< r`` of depth ``< max_depth`` with fewer than ``topk``
+    children (any node of depth ``< max_depth`` once none is left). Its first child is its smallest, each
+    child's next sibling the next larger one. The draft tokens come from ``vocab`` ids; ``target_predict`` at
+    a node is the token of one of its children with probability ``p_follow``, else a random id, and an
+    out-of-vocab id (never accepted) when ``p_follow == 0``.
+    """
+    candidates = [[rng.randrange(vocab) for _ in range(n)] for _ in range(bs)]
+    next_token = [[-1] * n for _ in range(bs)]
+    next_sibling = [[-1] * n for _ in range(bs)]
+    target_predict = [[vocab] * n for _ in range(bs)]
+    for b in range(bs):
+        depth, children = [0], [[]]
+        for r in range(1, n):
+            open_nodes = [p for p in range(r) if depth[p] < max_depth]
+            parent = rng.choice([p for p in open_nodes if len(children[p]) < topk] or open_nodes)
+            children[parent].append(r)
+            depth.append(depth[parent] + 1)
+            children.append([])
+        for p, kids in enumerate(children):
+            next_token[b][p] = kids[0] if kids else -1
+            for a, c in zip(kids, kids[1:]):
+                next_sibling[b][a] = c
+            if kids and rng.random() < p_follow:
+                target_predict[b][p] = candidates[b][rng.choice(kids)]
+            elif p_follow > 0:
+                target_predict[b][p] = rng.randrange(vocab)
+    retrieve_index = [[b * n + r for r in range(n)] for b in range(bs)]
+    return tuple(torch.tensor(t) for t in (candidates, retrieve_index, next_token, next_sibling, target_predict))
+
+
+def poisoned_outputs(rng, bs, n, num_spec):
+    """int32 outputs pre-filled with random junk, so that untouched elements are detectable."""
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    return tuple(
+        torch.randint(-(1 << 31), 1 << 31, shape, generator=gen).to(torch.int32)
+        for shape in ((bs * n,), (bs, num_spec), (bs,))
+    )
+
+
+def check(rng, device, bs, n, spec_steps, inputs):
+    """Run kernel and reference on identical poisoned outputs; all three must match exactly."""
+    outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
+    expected = [t.clone() for t in outputs]
+    verify_tree_greedy_ref(*expected, *inputs)
+    got = [t.to(device) for t in outputs]
+    verify_tree_greedy(*got, *(t.to(device) for t in inputs))
+    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), got, expected):
+        assert torch.equal(g.cpu(), e), name
+    return expected
+
+
+def random_config(rng, seed):
+    """Shape and tree statistics of one random case. The seed cycles through chains (topk 1), depth 1,
+    trees deeper than S (the walk stops after S levels) and full / zero / partial acceptance."""
+    spec_steps = rng.randint(1, 10)
+    return dict(
+        bs=rng.randint(1, 8),
+        n=rng.randint(2, 64),
+        spec_steps=spec_steps,
+        max_depth=1 if seed % 7 == 0 else spec_steps + (2 if seed % 4 == 1 else 0),
+        topk=[1, rng.randint(2, 8), rng.randint(1, 8)][seed % 3],
+        vocab=rng.randint(4, 8),
+        p_follow=[0.7, 1.0, 0.0, 0.9, rng.random()][seed % 5],
+    )
+
+
+def random_case(seed):
+    """(rng, config, inputs) of random case ``seed``."""
+    rng = random.Random(seed)
+    cfg = random_config(rng, seed)
+    return rng, cfg, make_case(rng, cfg["bs"], cfg["n"], cfg["max_depth"], cfg["topk"], cfg["vocab"], cfg["p_follow"])
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_matches_reference(device, seed):
+    rng, cfg, inputs = random_case(seed)
+    check(rng, device, cfg["bs"], cfg["n"], cfg["spec_steps"], inputs)
+
+
+@pytest.mark.parametrize("n, spec_steps", [(2, 1), (11, 10), (100, 10), (128, 15)])
+def test_chain_full_and_zero_acceptance(device, n, spec_steps):
+    """A chain (topk 1, n - 1 deep) whose every target matches accepts min(S, n - 1) tokens; none matching, 0."""
+    rng = random.Random(n)
+    bs = 3
+    full = make_case(rng, bs, n, n - 1, 1, 5, 1.0)
+    _, accept_index, accept_token_num = check(rng, device, bs, n, spec_steps, full)
+    m = min(spec_steps, n - 1)
+    assert (accept_token_num == m).all()
+    assert torch.equal(accept_index[:, : m + 1], full[1][:, : m + 1].int())
+    zero = make_case(rng, bs, n, n - 1, 1, 5, 0.0)
+    assert (check(rng, device, bs, n, spec_steps, zero)[2] == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_retrieve_index_outside_own_row(device, seed):
+    """``target_predict`` is read at the flat position that ``retrieve_index`` names, even in another row."""
+    rng = random.Random(1000 + seed)
+    bs, n, spec_steps = 4, 24, 6
+    candidates, _, next_token, next_sibling, target_predict = make_case(rng, bs, n, spec_steps, 3, 4, 0.8)
+    retrieve_index = torch.tensor(rng.sample(range(bs * n), bs * n)).view(bs, n)
+    check(rng, device, bs, n, spec_steps, (candidates, retrieve_index, next_token, next_sibling, target_predict))
+
+
+@requires_cuda
+@pytest.mark.parametrize("seed", range(50))
+def test_matches_sgl_kernel(seed):
+    sgl_kernel = pytest.importorskip("sgl_kernel")
+    rng, cfg, inputs = random_case(seed)
+    candidates, retrieve_index, next_token, next_sibling, target_predict = (t.cuda() for t in inputs)
+    ours = [t.cuda() for t in poisoned_outputs(rng, cfg["bs"], cfg["n"], cfg["spec_steps"] + 1)]
+    theirs = [t.clone() for t in ours]
+    verify_tree_greedy(*ours, candidates, retrieve_index, next_token, next_sibling, target_predict)
+    sgl_kernel.verify_tree_greedy(
+        predicts=theirs[0],
+        accept_index=theirs[1],
+        accept_token_num=theirs[2],
+        candidates=candidates,
+        retrive_index=retrieve_index,
+        retrive_next_token=next_token,
+        retrive_next_sibling=next_sibling,
+        target_predict=target_predict,
+    )
+    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), ours, theirs):
+        assert torch.equal(g, e), name
+
+
+@requires_cuda
+def test_cuda_graph_replay():
+    """Captured once, the launch verifies fresh inputs copied into the captured buffers."""
+    rng = random.Random(0)
+    bs, n, spec_steps = 4, 16, 5
+    inputs = [t.cuda() for t in make_case(rng, bs, n, spec_steps, 4, 6, 0.7)]
+    outputs = [t.cuda() for t in poisoned_outputs(rng, bs, n, spec_steps + 1)]
+    verify_tree_greedy(*outputs, *inputs)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        verify_tree_greedy(*outputs, *inputs)
+    for _ in range(3):
+        fresh_inputs = make_case(rng, bs, n, spec_steps, 4, 6, 0.7)
+        fresh_outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
+        for dst, src in zip(inputs + outputs, fresh_inputs + fresh_outputs):
+            dst.copy_(src)
+        expected = [t.clone() for t in fresh_outputs]
+        verify_tree_greedy_ref(*expected, *fresh_inputs)
+        graph.replay()
+        for g, e in zip(outputs, expected):
+            assert torch.equal(g.cpu(), e)
