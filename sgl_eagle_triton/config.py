@@ -1,0 +1,138 @@
+"""Server-arg validation and defaults for ``--speculative-algorithm EAGLE_TRITON``.
+
+Everything here runs at server start, in the launcher process, before any model loads: what
+EAGLE_TRITON cannot serve yet is refused here with a message that says what to change, never
+discovered mid-request. The draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the
+draft checkpoint's ``architectures[0]``, and exported through ``DRAFT_KIND_ENV`` so that every
+spawned SGLang process answers ``is_eagle3()`` identically.
+
+Plain attribute reads and writes only: SGLang >= 0.5.23 passes a write-recording stand-in for
+``ServerArgs`` to this hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
+EAGLE3, EAGLE = "eagle3", "eagle"
+SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
+SUPPORTED_DEVICES = ("cuda",)
+MAX_DRAFT_TOKENS = 128  # the build-tree kernel's widest tree (one program holds a whole tree)
+
+
+class EagleTritonConfigError(ValueError):
+    """A server-arg combination EAGLE_TRITON refuses at start-up."""
+
+
+def _refuse(what: str, change: str) -> None:
+    raise EagleTritonConfigError(f"EAGLE_TRITON does not support {what}. {change}")
+
+
+def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:
+    """``"eagle3"`` or ``"eagle"`` from the draft checkpoint's ``architectures[0]``."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    archs = getattr(get_config(draft_model_path, trust_remote_code=trust_remote_code), "architectures", None)
+    arch = (archs or ["<none>"])[0]
+    if arch not in SUPPORTED_DRAFT_ARCHS:
+        _refuse(
+            f"the draft architecture {arch!r} (from {draft_model_path})",
+            f"Supported draft architectures: {', '.join(SUPPORTED_DRAFT_ARCHS)}; "
+            "use --speculative-algorithm EAGLE/EAGLE3 for other drafts.",
+        )
+    return SUPPORTED_DRAFT_ARCHS[arch]
+
+
+def current_draft_kind() -> str:
+    """The draft kind of this server, identical in every process of it.
+
+    Set by :func:`handle_server_args` in the launcher and inherited by spawned processes; a
+    process started some other way resolves it from the published speculative config.
+    """
+    kind = os.environ.get(DRAFT_KIND_ENV)
+    if kind is None:
+        from sglang.srt.runtime_context import get_spec
+
+        spec = get_spec()
+        kind = resolve_draft_kind(spec.speculative_draft_model_path)
+        os.environ[DRAFT_KIND_ENV] = kind
+    return kind
+
+
+def _validate(sa) -> None:
+    """Refuse every setting the Triton path has not been built or validated for."""
+    if sa.speculative_draft_model_path is None:
+        _refuse("running without a draft model", "Pass --speculative-draft-model-path.")
+    if sa.device not in SUPPORTED_DEVICES:
+        _refuse(f"--device {sa.device}", "Its kernels are validated on CUDA GPUs only; use --device cuda.")
+    if sa.speculative_use_rejection_sampling:
+        _refuse("--speculative-use-rejection-sampling", "Drop the flag (tree verification is lossless).")
+    if sa.speculative_adaptive:
+        _refuse("--speculative-adaptive", "Drop the flag and set the steps/topk/draft tokens explicitly.")
+    if sa.enable_multi_layer_eagle:
+        _refuse("--enable-multi-layer-eagle", "Drop the flag.")
+    if sa.speculative_draft_window_size is not None:
+        _refuse("--speculative-draft-window-size", "Drop the flag.")
+    if sa.enable_dp_attention:
+        _refuse("--enable-dp-attention", "Drop the flag.")
+    if sa.tp_size != 1 or sa.pp_size != 1:
+        _refuse(f"tensor/pipeline parallelism (tp={sa.tp_size}, pp={sa.pp_size}) yet", "Use --tp 1 --pp 1.")
+    if (sa.page_size or 1) != 1:
+        _refuse(f"--page-size {sa.page_size} yet", "Use --page-size 1.")
+    if sa.disaggregation_mode not in (None, "null"):
+        _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
+    if sa.enable_lora:
+        _refuse("LoRA adapters", "Drop --enable-lora / --lora-paths.")
+    if sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+        _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
+
+
+def _resolve_tree_shape(sa) -> None:
+    """Fill (steps, topk, draft tokens) like SGLang's EAGLE, then check the tree is buildable."""
+    steps, topk, n = sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens
+    if steps is None:
+        if topk is not None or n is not None:
+            _refuse(
+                "--speculative-eagle-topk / --speculative-num-draft-tokens without --speculative-num-steps",
+                "Pass --speculative-num-steps too, or none of the three for the defaults.",
+            )
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        archs = getattr(get_config(sa.model_path, trust_remote_code=sa.trust_remote_code), "architectures", None)
+        steps, topk, n = (5, 4, 8) if archs and archs[0] == "LlamaForCausalLM" else (3, 1, 4)
+    topk = 1 if topk is None else topk
+    if topk == 1 and n != steps + 1:
+        if n is not None:
+            logger.warning("EAGLE_TRITON: speculative_num_draft_tokens is set to num_steps + 1 = %d for topk 1", steps + 1)
+        n = steps + 1
+    if n is None:
+        _refuse("--speculative-eagle-topk > 1 without --speculative-num-draft-tokens", "Pass the draft token count.")
+    if steps < 1 or topk < 1:
+        _refuse(f"steps={steps}, topk={topk}", "Both must be >= 1.")
+    max_nodes = 1 + topk + (steps - 1) * topk * topk
+    if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
+        _refuse(
+            f"--speculative-num-draft-tokens {n} with steps={steps}, topk={topk}",
+            f"Use 2 <= draft tokens <= min(1 + topk + (steps-1)*topk^2, {MAX_DRAFT_TOKENS}) = "
+            f"{min(max_nodes, MAX_DRAFT_TOKENS)}.",
+        )
+    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend}
+    if topk > 1 and "trtllm_mha" in backends:
+        _refuse("topk > 1 with the trtllm_mha attention backend", "Use --speculative-eagle-topk 1 or another backend.")
+    sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
+
+
+def handle_server_args(sa) -> None:
+    """Validate, fill defaults and export the draft kind; mutates ``sa`` in place."""
+    _validate(sa)
+    os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
+    _resolve_tree_shape(sa)
+    if sa.max_running_requests is None:
+        sa.max_running_requests = 48
+    if sa.enable_mixed_chunk:
+        logger.warning("EAGLE_TRITON: mixed chunked prefill is disabled under speculative decoding")
+        sa.enable_mixed_chunk = False

@@ -1,0 +1,73 @@
+"""Registration of ``--speculative-algorithm EAGLE_TRITON`` with SGLang.
+
+SGLang calls :func:`register` through the ``sglang.srt.plugins`` entry point in every process it
+starts (launcher, engine, schedulers), so registration is idempotent and light: the worker module
+(and with it Triton and the kernels) is imported only when a scheduler builds the worker.
+
+:class:`EagleTritonSpecAlgo` answers SGLang's speculative-algorithm predicates as EAGLE does:
+``is_eagle()`` is True everywhere, ``is_eagle3()`` follows the draft checkpoint (see
+:func:`sgl_eagle_triton.config.current_draft_kind`), and predicates ``CustomSpecAlgo`` lacks are
+taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
+"""
+
+from __future__ import annotations
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+
+from sgl_eagle_triton import ALGORITHM_NAME, config
+
+
+class EagleTritonSpecAlgo(CustomSpecAlgo):
+    """EAGLE_TRITON's answers to the scheduler; the rest comes from SGLang's EAGLE/EAGLE3 member."""
+
+    @property
+    def base(self) -> SpeculativeAlgorithm:
+        """The builtin algorithm whose plumbing (aux hidden capture, d2t, widths) this server uses."""
+        eagle3 = config.current_draft_kind() == config.EAGLE3
+        return SpeculativeAlgorithm.EAGLE3 if eagle3 else SpeculativeAlgorithm.EAGLE
+
+    def is_eagle(self) -> bool:
+        return True
+
+    def is_eagle3(self) -> bool:
+        return self.base is SpeculativeAlgorithm.EAGLE3
+
+    def supports_grammar_overlap(self) -> bool:
+        return True
+
+    def has_draft_kv(self) -> bool:
+        return True
+
+    # The enum's own implementations, run with ``self`` so they see EAGLE_TRITON's predicates.
+    def need_topk(self) -> bool:
+        return SpeculativeAlgorithm.need_topk(self)
+
+    def carries_draft_hidden_states(self) -> bool:
+        return SpeculativeAlgorithm.carries_draft_hidden_states(self)
+
+    def create_future_map(self, *args, **kwargs):
+        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
+
+    def handle_server_args(self, server_args) -> None:
+        config.handle_server_args(server_args)
+
+    def __getattr__(self, name: str):
+        # Only reached for names this class and CustomSpecAlgo lack (predicates of newer SGLang).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def _worker_factory(server_args):
+    from sgl_eagle_triton.worker import EagleTritonWorkerV2
+
+    return EagleTritonWorkerV2
+
+
+def register() -> None:
+    """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
+    if get_spec(ALGORITHM_NAME) is None:
+        SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=EagleTritonSpecAlgo)(
+            _worker_factory
+        )

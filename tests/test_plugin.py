@@ -1,0 +1,172 @@
+"""Registration and server-arg handling against the real installed SGLang (no mocks of SGLang).
+
+On a machine without CUDA, SGLang's arg parsing needs ``--device cpu``; the happy-path tests then
+widen our own ``SUPPORTED_DEVICES`` for the duration of the test (the device check itself is tested
+separately).
+"""
+
+import json
+import re
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from sgl_eagle_triton import config
+from sgl_eagle_triton.config import EagleTritonConfigError
+from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
+
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+TARGET, EAGLE3_DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _loaded(monkeypatch):
+    load_plugins()
+    monkeypatch.delenv(config.DRAFT_KIND_ENV, raising=False)
+    monkeypatch.setattr(config, "SUPPORTED_DEVICES", ("cuda", "cpu"))
+
+
+@pytest.fixture(scope="module")
+def eagle1_pair(tmp_path_factory):
+    return write_random_eagle1_pair(tmp_path_factory.mktemp("eagle1"))
+
+
+def _args(*extra, draft=EAGLE3_DRAFT, target=TARGET):
+    return prepare_server_args(
+        ["--model-path", target, "--device", DEVICE, "--speculative-algorithm", "EAGLE_TRITON"]
+        + (["--speculative-draft-model-path", draft] if draft else [])
+        + list(extra)
+    )
+
+
+def test_entry_point_declared():
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("eagle_triton") == "sgl_eagle_triton.plugin:register"
+
+
+def test_registration_is_idempotent_and_conforms():
+    from sgl_eagle_triton.plugin import EagleTritonSpecAlgo, register
+
+    register()
+    register()
+    algo = SpeculativeAlgorithm.from_string("eagle_triton")
+    assert isinstance(algo, EagleTritonSpecAlgo)
+    assert algo is SpeculativeAlgorithm.from_string("EAGLE_TRITON")
+    assert algo.supports_overlap
+
+
+@pytest.mark.parametrize("kind", [config.EAGLE3, config.EAGLE])
+def test_predicates_follow_draft_kind(monkeypatch, kind):
+    monkeypatch.setenv(config.DRAFT_KIND_ENV, kind)
+    algo = SpeculativeAlgorithm.from_string("EAGLE_TRITON")
+    base = SpeculativeAlgorithm.EAGLE3 if kind == config.EAGLE3 else SpeculativeAlgorithm.EAGLE
+    assert algo.base is base
+    assert algo.is_eagle() and algo.is_speculative() and algo.is_some()
+    assert algo.is_eagle3() == (kind == config.EAGLE3)
+    assert algo.need_topk() and algo.carries_draft_hidden_states()
+    assert algo.supports_grammar_overlap() and algo.has_draft_kv()
+    assert not (algo.is_standalone() or algo.is_ngram() or algo.is_dflash_family() or algo.is_none())
+    assert algo.get_num_tokens_per_req_for_target_verify(16, False) == 16
+    # Every predicate of the builtin enum answers without AttributeError.
+    for name in vars(SpeculativeAlgorithm):
+        if name.startswith(("is_", "supports_")):
+            getattr(algo, name)()
+
+
+def test_eagle3_defaults_like_sglang():
+    sa = _args()
+    assert sa.speculative_algorithm == "EAGLE_TRITON"
+    assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (5, 4, 8)
+    assert sa.max_running_requests == 48
+    assert SpeculativeAlgorithm.from_string(sa.speculative_algorithm).is_eagle3()
+
+
+def test_eagle1_draft_is_detected(eagle1_pair):
+    target, draft = eagle1_pair
+    sa = _args("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+               "--speculative-num-draft-tokens", "6", target=str(target), draft=str(draft))
+    assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 2, 6)
+    algo = SpeculativeAlgorithm.from_string("EAGLE_TRITON")
+    assert algo.is_eagle() and not algo.is_eagle3()
+
+
+def test_topk1_forces_chain_length():
+    sa = _args("--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9")
+    assert sa.speculative_num_draft_tokens == 5
+
+
+def test_topk_defaults_to_one_with_steps_only():
+    sa = _args("--speculative-num-steps", "3")
+    assert (sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (1, 4)
+
+
+def test_draft_kind_falls_back_to_published_spec(monkeypatch):
+    from sglang.srt import runtime_context
+
+    class _Spec:
+        speculative_draft_model_path = EAGLE3_DRAFT
+
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: _Spec())
+    assert config.current_draft_kind() == config.EAGLE3
+
+
+def _unsupported_draft(tmp_path):
+    cfg = json.loads((TRAINED_PAIR / "eagle3" / "config.json").read_text())
+    cfg["architectures"] = ["Qwen3ForCausalLMEagle3"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--speculative-use-rejection-sampling", "--speculative-num-steps", "3",
+          "--speculative-eagle-topk", "1"], "--speculative-use-rejection-sampling"),
+        (["--page-size", "16"], "--page-size 16"),
+        (["--speculative-num-steps", "3", "--speculative-eagle-topk", "4"], "without --speculative-num-draft-tokens"),
+        (["--speculative-eagle-topk", "4"], "without --speculative-num-steps"),
+        (["--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "9"],
+         "--speculative-num-draft-tokens 9"),
+        (["--speculative-num-steps", "10", "--speculative-eagle-topk", "10", "--speculative-num-draft-tokens", "200"],
+         "min(1 + topk + (steps-1)*topk^2, 128)"),
+        (["--speculative-draft-window-size", "64"], "--speculative-draft-window-size"),
+        (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
+    ],
+)
+def test_refused_at_start(extra, message):
+    with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
+        _args(*extra)
+
+
+def test_unsupported_draft_architecture(tmp_path):
+    with pytest.raises(EagleTritonConfigError, match="Qwen3ForCausalLMEagle3"):
+        _args(draft=_unsupported_draft(tmp_path))
+
+
+def test_missing_draft_path():
+    with pytest.raises(EagleTritonConfigError, match="--speculative-draft-model-path"):
+        _args(draft=None)
+
+
+def test_non_cuda_device_refused(monkeypatch):
+    monkeypatch.setattr(config, "SUPPORTED_DEVICES", ("cuda",))
+    if DEVICE == "cuda":
+        pytest.skip("needs a machine whose SGLang device is not cuda")
+    with pytest.raises(EagleTritonConfigError, match="--device cpu"):
+        _args()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the worker module imports sgl-kernel (CUDA)")
+def test_create_worker_returns_triton_worker():
+    from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
+
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    sa = _args()
+    assert SpeculativeAlgorithm.from_string("EAGLE_TRITON").create_worker(sa) is EagleTritonWorkerV2
+    assert issubclass(EagleTritonWorkerV2, EAGLEWorkerV2) and issubclass(TritonEagleDraftWorker, EagleDraftWorker)
