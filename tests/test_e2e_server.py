@@ -1,0 +1,115 @@
+"""End to end: real SGLang servers without speculation, with stock EAGLE and with EAGLE_TRITON.
+
+For each model pair and each (steps, topk, draft tokens), the three servers answer the same 16
+prompts through /generate (one by one and 16 at once), /v1/completions and /v1/chat/completions
+(16 at once, and streamed). Pass: EAGLE_TRITON equals stock EAGLE token for token on every
+endpoint (same draft trees, so bit-identical verify), its acceptance length equals stock's, it is
+tie-aware equal to no-spec (tests/lossless.py), and its log shows our kernels in use.
+Set ``E2E_REPORT_DIR`` to also write a JSON summary there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from lossless import tie_aware_compare, top2_logprobs
+from server import Server
+from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PROMPTS = [
+    "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
+    "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
+    "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",
+    "def binary_search(items, target):\n", "import re\n\npattern = ", "def merge(a, b):\n",
+    "if __name__ == '__main__':\n", "def factorial(n):\n    if n == 0:\n",
+]
+MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
+CONFIGS = [(5, 1, 6), (5, 4, 16)]
+
+
+def _pair(name: str, tmp_path):
+    if name == "tiny-code-eagle3":
+        return str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3"), "EAGLE3"
+    target, draft = write_random_eagle1_pair(tmp_path / "pair")
+    return str(target), str(draft), "EAGLE"
+
+
+def _serve_all(server: Server, with_logprobs: bool) -> dict:
+    """Every request pattern of the test, against one server."""
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in PROMPTS]
+        concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS))
+        return {
+            "generate": [g["output_ids"] for g in seq],
+            "generate_concurrent": [g["output_ids"] for g in concurrent],
+            "completions": [server.completion(p, MAX_NEW_TOKENS) for p in PROMPTS],
+            "chat_concurrent": list(pool.map(lambda p: server.chat(p, CHAT_TOKENS), PROMPTS)),
+            "chat_stream": [server.chat(p, CHAT_TOKENS, stream=True) for p in PROMPTS],
+            "top2": [top2_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
+            "accept_length": statistics.mean(g["meta_info"].get("spec_accept_length", 1.0) for g in seq),
+        }
+
+
+def _verdicts(spec: dict, nospec: dict) -> dict:
+    counts = {"identical": 0, "tie": 0, "bug": 0}
+    bugs = []
+    for key in ("generate", "generate_concurrent"):
+        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"])):
+            v = tie_aware_compare(ids, ref, top2)
+            counts[v.kind] += 1
+            if v.kind == "bug":
+                bugs.append((key, i, v.index, v.margin))
+    return {"counts": counts, "bugs": bugs}
+
+
+@pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
+def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
+    target, draft, stock_algo = _pair(pair, tmp_path)
+    servers = {"nospec": Server(f"{pair}-nospec", target, [], tmp_path)}
+    for steps, topk, n in CONFIGS:
+        spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
+                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
+        for algo in (stock_algo, "EAGLE_TRITON"):
+            name = f"{pair}-{algo}-{steps}-{topk}-{n}"
+            servers[(algo, n)] = Server(name, target, ["--speculative-algorithm", algo, *spec], tmp_path)
+    try:
+        for s in servers.values():
+            s.wait_ready()
+        with ThreadPoolExecutor(len(servers)) as pool:
+            results = dict(zip(servers, pool.map(lambda k: _serve_all(servers[k], k == "nospec"), servers)))
+    finally:
+        for s in servers.values():
+            s.stop()
+
+    report = {"pair": pair, "configs": {}}
+    for steps, topk, n in CONFIGS:
+        ours, stock = results[("EAGLE_TRITON", n)], results[(stock_algo, n)]
+        entry = {
+            "accept_length": {"eagle_triton": ours["accept_length"], "stock": stock["accept_length"]},
+            "vs_nospec": {"eagle_triton": _verdicts(ours, results["nospec"]),
+                          "stock": _verdicts(stock, results["nospec"])},
+            "equal_to_stock": {k: ours[k] == stock[k] for k in ours if k not in ("top2", "accept_length")},
+        }
+        report["configs"][f"{steps},{topk},{n}"] = entry
+    print(json.dumps(report, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}.json"), "w") as f:
+            json.dump(report, f, indent=1)
+
+    for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items()):
+        ours_log = servers[("EAGLE_TRITON", n)].log()
+        assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
+        assert "build tree: triton" not in servers[(stock_algo, n)].log(), key
+        assert all(entry["equal_to_stock"].values()), (key, entry["equal_to_stock"])
+        assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"]), key
+        assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
+        if pair == "tiny-code-eagle3":  # the trained pair really accepts several tokens per cycle
+            assert entry["accept_length"]["eagle_triton"] > 1.3, key
