@@ -34,6 +34,19 @@ KERNELS_IN_USE = {
 }
 
 
+def _logged_once(fn, what: str):
+    """``fn``, logging one line at its first call in this process: proof in the log that it ran."""
+    pending = [True]
+
+    def wrapper(*args, **kwargs):
+        if pending:
+            pending.clear()
+            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, what)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @contextmanager
 def _swapped(module, name: str, replacement):
     """Rebind ``module.name`` for the duration of the block; fails loudly if SGLang moved it."""
@@ -57,7 +70,7 @@ def _verify_tree_greedy_func(
     topk: int = -1,
 ):
     """``eagle_utils.verify_tree_greedy_func``'s signature and return value, on our kernel."""
-    verify_tree_greedy(
+    _verify_tree_greedy(
         predicts,
         accept_index,
         accept_token_num,
@@ -70,11 +83,15 @@ def _verify_tree_greedy_func(
     return predicts, accept_index, accept_token_num
 
 
+_build_tree = _logged_once(build_tree_kernel_efficient, "triton build_tree")
+_verify_tree_greedy = _logged_once(verify_tree_greedy, "triton verify_tree_greedy")
+
+
 class TritonEagleDraftWorker(EagleDraftWorker):
     """SGLang's EAGLE draft worker; the verify tree it hands over is built by our Triton kernel."""
 
     def draft(self, batch, *args, **kwargs):
-        with _swapped(eagle_worker_common, "build_tree_kernel_efficient", build_tree_kernel_efficient):
+        with _swapped(eagle_worker_common, "build_tree_kernel_efficient", _build_tree):
             return super().draft(batch, *args, **kwargs)
 
 

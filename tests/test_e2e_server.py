@@ -107,6 +107,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
     for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items()):
         ours_log = servers[("EAGLE_TRITON", n)].log()
         assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
+        assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key
         assert "build tree: triton" not in servers[(stock_algo, n)].log(), key
         assert all(entry["equal_to_stock"].values()), (key, entry["equal_to_stock"])
         assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"]), key
