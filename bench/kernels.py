@@ -1,4 +1,4 @@
-"""Micro-benchmarks: our Triton tree kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
+"""Micro-benchmarks: our Triton kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
 
     python bench/kernels.py [--out bench/results]        (on a GPU, with SGLang 0.5.17 importable)
 
@@ -19,11 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels import build_tree, verify_greedy
+from sgl_eagle_triton.kernels import build_tree, target_probs, tree_sampling, verify_greedy
 from sgl_eagle_triton.reference.draft_tree import draft_tree
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32, 64]
+TARGET_PROBS_BATCHES = [1, 8, 32]
+TARGET_VOCAB = 128256  # Llama-3
 MEAN_PREFIX, MAX_CONTEXT = 1024, 4096
 
 
@@ -98,6 +100,84 @@ def bench_verify(bs, steps, topk, n):
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
 
+def bench_target_probs(bs, n, vocab=TARGET_VOCAB):
+    """Target distribution of sampled verification for bs * n rows, typical sampling parameters
+    (T 0.7, top_k 20, top_p 0.9, min_p 0): ours (joint filters, one kernel) vs stock SGLang's sequence in
+    eagle_sample (softmax of logits / T, then sgl-kernel top_k_renorm_prob, then top_p_renorm_prob, with
+    per-row parameters by repeat_interleave)."""
+    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+
+    gen = torch.Generator(device="cuda").manual_seed(bs * 1000 + n)
+    logits = torch.randn(bs * n, vocab, device="cuda", generator=gen) * 3
+    temperatures = torch.full((bs, 1), 0.7, device="cuda")
+    top_ks = torch.full((bs,), 20, dtype=torch.int32, device="cuda")
+    top_ps = torch.full((bs,), 0.9, device="cuda")
+    min_ps = torch.zeros(bs, device="cuda")
+    out = torch.empty_like(logits)
+
+    def stock():
+        probs = torch.softmax(logits / torch.repeat_interleave(temperatures, n, dim=0), dim=-1)
+        probs = top_k_renorm_prob(probs, torch.repeat_interleave(top_ks, n, dim=0))
+        return top_p_renorm_prob(probs, torch.repeat_interleave(top_ps, n, dim=0))
+
+    impls = {
+        "triton (ours)": lambda: target_probs.prepare_target_probs(
+            logits, temperatures, top_ks, top_ps, min_ps, n, out=out),
+        "sgl-kernel CUDA (stock)": stock,
+    }
+    touched = 2 * logits.numel() * 4  # logits read once, probabilities written once
+    return {name: time_us(fn) for name, fn in impls.items()}, touched
+
+
+def bench_tree_sampling(bs, steps, topk, n, vocab=TARGET_VOCAB):
+    """Sampled tree verification given target probabilities [bs, n, V]: ours vs stock SGLang's
+    per-step sequence (a zeroed dense draft_probs [bs, n, V], then sgl-kernel's
+    tree_speculative_sampling_target_only)."""
+    from sgl_kernel import tree_speculative_sampling_target_only
+
+    parent_list, selected, seq_lens, seq_sum = tree_inputs(bs, steps, topk, n)
+    bonus = torch.zeros(bs, dtype=torch.long, device="cuda")
+    draft = torch.randint(0, vocab, (bs, n - 1), device="cuda")
+    _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
+        bonus, parent_list, selected, draft, seq_lens, seq_sum, topk, steps, n, 1
+    )
+    candidates = candidates.view(bs, n)
+    probs = torch.softmax(torch.randn(bs, n, vocab, device="cuda") * 3, dim=-1)
+    coins, final_coins = torch.rand(bs, n, device="cuda"), torch.rand(bs, device="cuda")
+    outs = (torch.zeros(bs * n, dtype=torch.int32, device="cuda"),
+            torch.full((bs, steps + 1), -1, dtype=torch.int32, device="cuda"),
+            torch.zeros(bs, dtype=torch.int32, device="cuda"))
+
+    def stock():
+        tree_speculative_sampling_target_only(
+            predicts=outs[0], accept_index=outs[1], accept_token_num=outs[2], candidates=candidates,
+            retrive_index=index, retrive_next_token=next_token, retrive_next_sibling=next_sibling,
+            uniform_samples=coins, uniform_samples_for_final_sampling=final_coins, target_probs=probs,
+            draft_probs=torch.zeros_like(probs), threshold_single=1.0, threshold_acc=1.0, deterministic=True)
+
+    impls = {
+        "triton (ours)": lambda: tree_sampling.tree_speculative_sampling(
+            *outs, candidates, index, next_token, next_sibling, coins, final_coins, probs),
+        "sgl-kernel CUDA (stock)": stock,
+    }
+    touched = 2 * bs * vocab * 4  # one probability row per request, read twice (sum, then scan)
+    return {name: time_us(fn) for name, fn in impls.items()}, touched
+
+
+def cases(batches):
+    """(steps, topk, draft tokens, batch) of every config at every batch size."""
+    return [(steps, topk, n, bs) for steps, topk, n in CONFIGS for bs in batches]
+
+
+# (op, bench(bs, steps, topk, n) -> ({impl: (eager_us, graph_us)}, touched bytes), cases)
+OPS = [
+    ("build_tree", bench_build_tree, cases(BATCHES)),
+    ("verify_tree_greedy", bench_verify, cases(BATCHES)),
+    ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
+    ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
+]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -110,18 +190,17 @@ def main():
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3
     rows = []
-    for op, bench in (("build_tree", bench_build_tree), ("verify_tree_greedy", bench_verify)):
-        for steps, topk, n in CONFIGS:
-            for bs in BATCHES:
-                timings, touched = bench(bs, steps, topk, n)
-                floor_us = touched / bandwidth * 1e6
-                for impl, (eager, graph) in timings.items():
-                    rows.append(dict(op=op, impl=impl, steps=steps, topk=topk, draft_tokens=n, batch=bs,
-                                     eager_us=eager, graph_us=graph, bytes=touched, floor_us=floor_us,
-                                     graph_over_floor=graph / floor_us, launch_floor_us=launch_us,
-                                     gpu=gpu, sglang_version=sglang.__version__))
-                print(op, steps, topk, n, bs, {k: (round(e, 1), round(g, 1)) for k, (e, g) in timings.items()},
-                      flush=True)
+    for op, bench, op_cases in OPS:
+        for steps, topk, n, bs in op_cases:
+            timings, touched = bench(bs, steps, topk, n)
+            floor_us = touched / bandwidth * 1e6
+            for impl, (eager, graph) in timings.items():
+                rows.append(dict(op=op, impl=impl, steps=steps, topk=topk, draft_tokens=n, batch=bs,
+                                 eager_us=eager, graph_us=graph, bytes=touched, floor_us=floor_us,
+                                 graph_over_floor=graph / floor_us, launch_floor_us=launch_us,
+                                 gpu=gpu, sglang_version=sglang.__version__))
+            print(op, steps, topk, n, bs, {k: (round(e, 1), round(g, 1)) for k, (e, g) in timings.items()},
+                  flush=True)
 
     stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +216,9 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
         f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write); empty Triton launch {launch_us:.1f} us eager.",
         "Times are medians in microseconds: eager (as served) / CUDA graph (device). build_tree: the whole",
         f"step as SGLang's triton backend runs it (FULL_MASK uint8 buffer for {MAX_CONTEXT} context, prefix",
-        f"columns set, ~{MEAN_PREFIX}-token ragged prefixes). Ratio: ours / stock, eager.",
+        f"columns set, ~{MEAN_PREFIX}-token ragged prefixes). target_probs: batch * n rows of {TARGET_VOCAB}",
+        "logits, T 0.7, top_k 20, top_p 0.9; stock = softmax, sgl-kernel top_k_renorm_prob, top_p_renorm_prob.",
+        "Ratio: ours / stock, eager.",
         "",
         "| op | steps,topk,n | batch | ours | sgl-kernel CUDA | SGLang serial triton | ours/stock | ours graph / floor |",
         "|---|---|---|---|---|---|---|---|",

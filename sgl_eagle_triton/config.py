@@ -87,6 +87,8 @@ def _validate(sa) -> None:
         _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
     if sa.enable_lora:
         _refuse("LoRA adapters", "Drop --enable-lora / --lora-paths.")
+    if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or -1) > 0:
+        _refuse("SGLANG_SIMULATE_ACC_LEN (simulated acceptance)", "Unset it, or use EAGLE/EAGLE3 to simulate.")
     if sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
 

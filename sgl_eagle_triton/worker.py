@@ -1,15 +1,15 @@
 """EAGLE_TRITON's workers: thin subclasses of SGLang's EAGLE V2 workers.
 
 SGLang's decode cycle stays SGLang's (scheduler, overlap, CUDA graphs, draft forward, draft
-extend, target verify forward). Two leaves are ours, swapped in only while our workers call into
-SGLang so that nothing else in the process changes:
+extend, target verify forward). Its tree building and token selection are ours, swapped in only
+while our workers call into SGLang so that nothing else in the process changes:
 
 - tree building: ``eagle_worker_common.build_tree_kernel_efficient`` during
   :meth:`TritonEagleDraftWorker.draft` -> :mod:`sgl_eagle_triton.kernels.build_tree`;
-- greedy verification: ``eagle_utils.verify_tree_greedy_func`` during
-  :meth:`EagleTritonWorkerV2.verify` -> :mod:`sgl_eagle_triton.kernels.verify_greedy`.
-
-Sampled (temperature > 0) verification still runs sgl-kernel's CUDA op; the start-up banner says so.
+- verification, during :meth:`EagleTritonWorkerV2.verify`: ``eagle_worker_common.eagle_sample``
+  -> :func:`sgl_eagle_triton.verify.eagle_sample` (sampled batches: Triton target probabilities and
+  tree speculative sampling), and ``eagle_utils.verify_tree_greedy_func`` (greedy batches) ->
+  :mod:`sgl_eagle_triton.kernels.verify_greedy`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from sglang.srt.speculative import eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from sgl_eagle_triton import ALGORITHM_NAME, config
+from sgl_eagle_triton import ALGORITHM_NAME, config, verify
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
-from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
+from sgl_eagle_triton.verify import logged_once
 
 logger = logging.getLogger(__name__)
 
@@ -30,21 +30,8 @@ KERNELS_IN_USE = {
     "draft forward": "SGLang (stock)",
     "build tree": "triton sgl_eagle_triton.kernels.build_tree",
     "verify greedy": "triton sgl_eagle_triton.kernels.verify_greedy",
-    "verify sampling": "sgl-kernel tree_speculative_sampling_target_only (stock)",
+    "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
 }
-
-
-def _logged_once(fn, what: str):
-    """``fn``, logging one line at its first call in this process: proof in the log that it ran."""
-    pending = [True]
-
-    def wrapper(*args, **kwargs):
-        if pending:
-            pending.clear()
-            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, what)
-        return fn(*args, **kwargs)
-
-    return wrapper
 
 
 @contextmanager
@@ -58,33 +45,7 @@ def _swapped(module, name: str, replacement):
         setattr(module, name, original)
 
 
-def _verify_tree_greedy_func(
-    predicts,
-    accept_index,
-    accept_token_num,
-    candidates,
-    retrieve_index,
-    retrieve_next_token,
-    retrieve_next_sibling,
-    target_predict,
-    topk: int = -1,
-):
-    """``eagle_utils.verify_tree_greedy_func``'s signature and return value, on our kernel."""
-    _verify_tree_greedy(
-        predicts,
-        accept_index,
-        accept_token_num,
-        candidates,
-        retrieve_index,
-        retrieve_next_token,
-        retrieve_next_sibling,
-        target_predict,
-    )
-    return predicts, accept_index, accept_token_num
-
-
-_build_tree = _logged_once(build_tree_kernel_efficient, "triton build_tree")
-_verify_tree_greedy = _logged_once(verify_tree_greedy, "triton verify_tree_greedy")
+_build_tree = logged_once(build_tree_kernel_efficient, "triton build_tree")
 
 
 class TritonEagleDraftWorker(EagleDraftWorker):
@@ -96,7 +57,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
 
 class EagleTritonWorkerV2(EAGLEWorkerV2):
-    """SGLang's EAGLE V2 worker with our draft worker and our greedy tree verification."""
+    """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
     def __init__(self, *args, **kwargs):
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
@@ -112,5 +73,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         )
 
     def verify(self, batch, *args, **kwargs):
-        with _swapped(eagle_utils, "verify_tree_greedy_func", _verify_tree_greedy_func):
+        with (
+            _swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func),
+            _swapped(eagle_worker_common, "eagle_sample", verify.eagle_sample),
+        ):
             return super().verify(batch, *args, **kwargs)

@@ -77,9 +77,10 @@ class Server:
         self._log.close()
 
     # --- requests -------------------------------------------------------------------------
-    def generate(self, prompt: str, max_new_tokens: int, top_logprobs: int = 0) -> dict:
-        body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
-                                                    "ignore_eos": True}}
+    def generate(self, prompt: str, max_new_tokens: int, top_logprobs: int = 0, **sampling) -> dict:
+        """``/generate``, greedy unless ``sampling`` params say otherwise; always ``max_new_tokens`` long."""
+        params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **sampling}
+        body = {"text": prompt, "sampling_params": params}
         if top_logprobs:
             body.update(return_logprob=True, top_logprobs_num=top_logprobs)
         r = requests.post(self.url + "/generate", json=body, timeout=300)

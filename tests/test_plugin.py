@@ -148,6 +148,12 @@ def test_unsupported_draft_architecture(tmp_path):
         _args(draft=_unsupported_draft(tmp_path))
 
 
+def test_simulated_acceptance_refused(monkeypatch):
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_SIMULATE_ACC_LEN"):
+        _args()
+
+
 def test_missing_draft_path():
     with pytest.raises(EagleTritonConfigError, match="--speculative-draft-model-path"):
         _args(draft=None)

@@ -9,11 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _pick(vec, lanes, i):
-    """``vec[i]`` for a scalar lane index ``i``."""
-    return tl.sum(tl.where(lanes == i, vec, 0), axis=0)
+from sgl_eagle_triton.kernels.tree_rows import load_tree_rows, pick
 
 
 @triton.jit
@@ -22,7 +18,7 @@ def _target_at(target_predict_ptr, target_row, lanes, row_start, pos, needed, N:
     else (never for trees built by SGLang) from global memory, loaded only if ``needed``."""
     in_row = (pos >= row_start) & (pos < row_start + N)
     from_memory = tl.load(target_predict_ptr + pos, mask=needed & ~in_row, other=0)
-    return tl.where(in_row, _pick(target_row, lanes, pos - row_start), from_memory)
+    return tl.where(in_row, pick(target_row, lanes, pos - row_start), from_memory)
 
 
 @triton.jit
@@ -44,32 +40,31 @@ def _verify_tree_greedy_kernel(
     lanes = tl.arange(0, BLOCK_N)
     in_tree = lanes < N
     offsets = row_start + lanes
-    candidates = tl.load(candidates_ptr + offsets, mask=in_tree, other=0)
-    retrieve_index = tl.load(retrieve_index_ptr + offsets, mask=in_tree, other=0)
-    next_token = tl.load(retrieve_next_token_ptr + offsets, mask=in_tree, other=-1)
-    next_sibling = tl.load(retrieve_next_sibling_ptr + offsets, mask=in_tree, other=-1)
+    candidates, retrieve_index, next_token, next_sibling = load_tree_rows(
+        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, offsets, in_tree
+    )
     target_row = tl.load(target_predict_ptr + offsets, mask=in_tree, other=0)
 
-    last = _pick(retrieve_index, lanes, 0)
+    last = pick(retrieve_index, lanes, 0)
     tl.store(accept_index_ptr + b * NUM_SPEC, last.to(tl.int32))
     target = _target_at(target_predict_ptr, target_row, lanes, row_start, last, True, N)
     num_accepted = 0
-    cur = tl.where(NUM_SPEC > 1, _pick(next_token, lanes, 0), -1)
+    cur = tl.where(NUM_SPEC > 1, pick(next_token, lanes, 0), -1)
     steps = 0
     # One iteration per visited node: either accept it and descend, or move to its next sibling.
     # The step bound is never reached unless a sibling list is cyclic (where the CUDA kernel spins forever).
     while (cur != -1) & (steps < N * NUM_SPEC):
         # -2: node `cur` matches the target; else its next sibling (-1: none left, the walk ends).
-        step = _pick(tl.where(candidates == target, -2, next_sibling), lanes, cur)
+        step = pick(tl.where(candidates == target, -2, next_sibling), lanes, cur)
         hit = step == -2
-        draft_index = _pick(retrieve_index, lanes, cur)
+        draft_index = pick(retrieve_index, lanes, cur)
         tl.store(predicts_ptr + last, target.to(tl.int32), mask=hit)
         num_accepted += hit.to(tl.int32)
         tl.store(accept_index_ptr + b * NUM_SPEC + num_accepted, draft_index.to(tl.int32), mask=hit)
         last = tl.where(hit, draft_index, last)
         draft_target = _target_at(target_predict_ptr, target_row, lanes, row_start, draft_index, hit, N)
         target = tl.where(hit, draft_target, target)
-        child = tl.where(num_accepted < NUM_SPEC - 1, _pick(next_token, lanes, cur), -1)
+        child = tl.where(num_accepted < NUM_SPEC - 1, pick(next_token, lanes, cur), -1)
         cur = tl.where(hit, child, step)
         steps += 1
 

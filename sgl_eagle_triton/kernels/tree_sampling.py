@@ -1,0 +1,193 @@
+"""Sampled (temperature > 0) verification of an EAGLE draft tree: Triton port of sgl-kernel's
+``tree_speculative_sampling_target_only``.
+
+One program per request. As in ``verify_greedy``, the request's tree rows are loaded once as ``BLOCK_N``-lane
+vectors and the walk runs in registers, the CUDA kernel's level loop and sibling loop fused into one ``while``
+loop with one iteration per visited node; only the target probability of each visited draft token is a
+(scalar) global load. The tokens rejected among the children of the last accepted node are kept in a
+``BLOCK_N``-lane register vector instead of CUDA's dense ``draft_probs`` tensor. The correction ("bonus")
+token is then drawn from the target row of the last accepted node with those tokens zeroed, in two passes
+over the vocabulary in ``BLOCK_V`` chunks: the residual's sum, then a running prefix sum that stops at the
+first chunk where it exceeds ``u * sum``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.tree_rows import load_tree_rows, pick
+
+
+@triton.jit
+def _residual_chunk(row_ptr, start, rejected, lanes, num_rejected, VOCAB: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_V: tl.constexpr):
+    """``relu(target_row[start : start + BLOCK_V])`` with the rejected tokens zeroed (0 past the vocabulary).
+
+    The rejected tokens are compared one by one, and only in the (few) chunks that hold one."""
+    cols = start + tl.arange(0, BLOCK_V)
+    r = tl.maximum(tl.load(row_ptr + cols, mask=cols < VOCAB, other=0.0), 0.0)
+    if tl.max(((rejected >= start) & (rejected < start + BLOCK_V)).to(tl.int32), axis=0) > 0:
+        k = 0
+        while k < tl.minimum(num_rejected, BLOCK_N):
+            r = tl.where(cols == pick(rejected, lanes, k), 0.0, r)
+            k += 1
+    return r
+
+
+@triton.jit
+def _tree_speculative_sampling_kernel(
+    predicts_ptr,
+    accept_index_ptr,
+    accept_token_num_ptr,
+    candidates_ptr,
+    retrieve_index_ptr,
+    retrieve_next_token_ptr,
+    retrieve_next_sibling_ptr,
+    uniform_samples_ptr,
+    uniform_final_ptr,
+    target_probs_ptr,
+    threshold_single,
+    threshold_acc,
+    N: tl.constexpr,
+    NUM_SPEC: tl.constexpr,
+    VOCAB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    row_start = b * N
+    lanes = tl.arange(0, BLOCK_N)
+    in_tree = lanes < N
+    offsets = row_start + lanes
+    candidates, retrieve_index, next_token, next_sibling = load_tree_rows(
+        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, offsets, in_tree
+    )
+    coins = tl.load(uniform_samples_ptr + offsets, mask=in_tree, other=0.0)
+
+    last = pick(retrieve_index, lanes, 0)
+    tl.store(accept_index_ptr + b * NUM_SPEC, last.to(tl.int32))
+    row = row_start  # target_probs row (flat) of the last accepted node: the parent of the nodes scanned
+    coin = pick(coins, lanes, 0)
+    prob_acc = tl.zeros((), dtype=tl.float32)
+    num_accepted = 0
+    # Draft tokens rejected among the children of the last accepted node, in visiting order; -1: none.
+    rejected = tl.full((BLOCK_N,), -1, dtype=tl.int64)
+    num_rejected = 0
+    cur = tl.where(NUM_SPEC > 1, pick(next_token, lanes, 0), -1)
+    steps = 0
+    # One iteration per visited node: either accept it and descend, or move to its next sibling.
+    # The step bound is never reached unless a sibling list is cyclic (where the CUDA kernel spins forever).
+    while (cur != -1) & (steps < N * NUM_SPEC):
+        token = pick(candidates, lanes, cur)
+        prob = tl.load(target_probs_ptr + row * VOCAB + token)
+        prob_acc += prob
+        hit = (prob > 0) & ((coin < tl.math.div_rn(prob_acc, threshold_acc)) | (prob >= threshold_single))
+        draft_index = pick(retrieve_index, lanes, cur)
+        tl.store(predicts_ptr + last, token.to(tl.int32), mask=hit)
+        num_accepted += hit.to(tl.int32)
+        tl.store(accept_index_ptr + b * NUM_SPEC + num_accepted, draft_index.to(tl.int32), mask=hit)
+        last = tl.where(hit, draft_index, last)
+        row = tl.where(hit, row_start + cur, row)
+        coin = tl.where(hit, pick(coins, lanes, cur), coin)
+        prob_acc = tl.where(hit, 0.0, prob_acc)
+        rejected = tl.where(hit, -1, tl.where(lanes == num_rejected, token, rejected))
+        num_rejected = tl.where(hit, 0, num_rejected + 1)
+        child = tl.where(num_accepted < NUM_SPEC - 1, pick(next_token, lanes, cur), -1)
+        cur = tl.where(hit, child, pick(next_sibling, lanes, cur))
+        steps += 1
+    tl.store(accept_token_num_ptr + b, num_accepted)
+
+    # Correction token: sample from r = relu(target_probs[row]) with the rejected tokens zeroed.
+    row_ptr = target_probs_ptr + row * VOCAB
+    total = tl.zeros((), dtype=tl.float32)
+    for chunk_start in range(0, VOCAB, BLOCK_V):
+        r = _residual_chunk(row_ptr, chunk_start, rejected, lanes, num_rejected, VOCAB, BLOCK_N, BLOCK_V)
+        total += tl.sum(r)
+    u = tl.load(uniform_final_ptr + b) * total
+    carry = tl.zeros((), dtype=tl.float32)
+    sampled = -1
+    last_valid = -1
+    start = 0
+    while (sampled < 0) & (start < VOCAB):
+        cols = start + tl.arange(0, BLOCK_V)
+        r = _residual_chunk(row_ptr, start, rejected, lanes, num_rejected, VOCAB, BLOCK_N, BLOCK_V)
+        cdf = carry + tl.cumsum(r, axis=0)
+        first = tl.min(tl.where((cdf > u) & (r > 0), cols, VOCAB), axis=0)
+        sampled = tl.where(first < VOCAB, first, -1)
+        last_valid = tl.maximum(last_valid, tl.max(tl.where(r > 0, cols, -1), axis=0))
+        carry += tl.sum(r)
+        start += BLOCK_V
+    # No prefix sum above u (u * sum within rounding of the sum): the last token with r > 0, else V - 1.
+    sampled = tl.where(sampled >= 0, sampled, tl.where(last_valid >= 0, last_valid, VOCAB - 1))
+    tl.store(predicts_ptr + last, sampled.to(tl.int32))
+
+
+def tree_speculative_sampling(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> None:
+    """Sampled tree verification, in place: per request, descend from the root; among the children of the
+    last accepted node (in sibling order) accept the first whose running sum of target probabilities exceeds
+    the node's coin; then draw the correction token from the target distribution there, rejected children
+    removed. With the default thresholds (1.0) the emitted tokens are distributed as the target model's.
+
+    Same arguments and results as ``sgl_kernel.tree_speculative_sampling_target_only`` (there named
+    ``retrive_*``), without its ``draft_probs`` scratch tensor and ``deterministic`` flag;
+    ``sgl_eagle_triton.reference.tree_sampling`` spells out the semantics.
+
+    Outputs (pre-filled by the caller; only the elements below are written):
+        predicts         [bs * n] int32: at each accepted position but the last, the next accepted draft token;
+                         at the last accepted position, the correction token.
+        accept_index     [bs, S + 1] int32: columns ``0 .. m``, accepted flat positions (root first).
+        accept_token_num [bs] int32: ``m``, accepted draft tokens (root excluded), at most ``S``.
+    Inputs, all contiguous: ``candidates``, ``retrieve_index``, ``retrieve_next_token``,
+    ``retrieve_next_sibling`` [bs, n] int64 (-1 = none); ``uniform_samples`` [bs, n] float32 (the coin of each
+    node, used for its children); ``uniform_samples_for_final_sampling`` [bs] float32; ``target_probs``
+    [bs, n, V] float32 (row ``r``: the target distribution after node ``r``); ``threshold_single``,
+    ``threshold_acc`` (accept a draft token when its probability reaches ``threshold_single``, or when the
+    coin is below the running sum divided by ``max(threshold_acc, 1e-9)``; 1.0 and 1.0 keep sampling exact).
+
+    Differences from sgl-kernel (0.4.5, the version SGLang 0.5.17 pins):
+      * Acceptance is ``q > 0 and (coin < acc / threshold_acc or q >= threshold_single)``, the rule of later
+        sgl-kernel releases; 0.4.5 accepts when ``coin <= acc / threshold_acc or q >= threshold_single``,
+        which can accept a token of target probability 0 (e.g. coin == 0.0, or ``threshold_single == 0``).
+        The two agree unless the coin equals ``acc / threshold_acc`` exactly or a zero-probability
+        candidate meets ``threshold_single``.
+      * No dense ``draft_probs`` tensor: the (at most n - 1) rejected tokens stay in registers. The residual
+        is the same, since sgl-kernel's ``draft_probs`` row holds exactly the target probability at them.
+      * Float sums run in another order than CUDA's block reduce / scan, so the correction token can differ
+        only when ``u * sum(r)`` lies within rounding distance of a prefix-sum boundary. Where the total of
+        a chunk exceeds ``u * sum(r)`` but no prefix sum inside it does (rounding), the scan goes on to the
+        next chunk instead of stopping there.
+
+    CUDA-graph safe: no host sync, no allocation, grid ``(bs,)``. Thresholds are baked into a captured graph.
+    """
+    bs, n = candidates.shape
+    vocab_size = target_probs.shape[2]
+    tensors = (predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+               retrieve_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs)
+    assert all(t.is_contiguous() for t in tensors)
+    assert target_probs.shape[:2] == (bs, n) and target_probs.dtype == torch.float32
+    assert uniform_samples.dtype == torch.float32 and uniform_samples_for_final_sampling.dtype == torch.float32
+    block_v = min(4096, triton.next_power_of_2(max(vocab_size, 16)))
+    _tree_speculative_sampling_kernel[(bs,)](
+        *tensors,
+        float(threshold_single),
+        max(float(threshold_acc), 1e-9),
+        N=n,
+        NUM_SPEC=accept_index.shape[1],
+        VOCAB=vocab_size,
+        BLOCK_N=triton.next_power_of_2(max(n, 16)),
+        BLOCK_V=block_v,
+        num_warps=8 if block_v >= 2048 else 4,
+    )

@@ -1,0 +1,124 @@
+"""The verify step's token selection: SGLang 0.5.17's ``eagle_sample`` on our Triton kernels.
+
+Greedy batches run SGLang's own ``eagle_sample`` (argmax, then ``verify_tree_greedy_func``, which
+the worker points at our greedy kernel). Batches with any sampled request (mixed batches included:
+SGLang rewrites greedy requests to ``T=1, top_k=1``, whose target distribution is one-hot) take
+the path below, which differs from stock in three ways:
+
+- target probabilities come from one fused Triton kernel (temperature, softmax, top-k, top-p,
+  min-p) with the joint semantics of SGLang's non-speculative samplers (the pytorch backend; the
+  flashinfer backend when min-p is off); stock applies top-p after a top-k renormalisation and
+  ignores min-p, so its sampled output is not distributed like no-spec;
+- the tree walk uses the strict acceptance test ``q > 0 and coin < acc`` (sgl-kernel 0.4.5's
+  ``coin <= acc`` can accept a zero-probability token when the coin is 0.0);
+- no dense ``[bs, n, vocab]`` draft-probability tensor is allocated and zeroed per step.
+
+Logit pre-processing (NaN sanitising, penalties, logit bias, grammar mask) and the coins
+(``torch.rand``, or seeded under deterministic inference) are SGLang's, in SGLang's order.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.utils.async_probe import sanitize_nan_logits
+
+from sgl_eagle_triton import ALGORITHM_NAME
+from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
+from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
+from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
+
+logger = logging.getLogger(__name__)
+
+
+def logged_once(fn, what: str):
+    """``fn``, logging one line at its first call in this process: proof in the log that it ran."""
+    pending = [True]
+
+    def wrapper(*args, **kwargs):
+        if pending:
+            pending.clear()
+            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, what)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_verify_tree_greedy = logged_once(verify_tree_greedy, "triton verify_tree_greedy")
+_tree_speculative_sampling = logged_once(tree_speculative_sampling, "triton tree_speculative_sampling")
+
+
+def verify_tree_greedy_func(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrieve_index,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    target_predict,
+    topk: int = -1,
+):
+    """``eagle_utils.verify_tree_greedy_func``'s signature and return value, on our kernel."""
+    _verify_tree_greedy(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrieve_index,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        target_predict,
+    )
+    return predicts, accept_index, accept_token_num
+
+
+def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
+    """Same arguments and results as ``sglang.srt.speculative.eagle_utils.eagle_sample``:
+    ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, steps + 1] int32)``."""
+    info = batch.sampling_info
+    if batch.forward_mode.is_idle() or info.is_all_greedy:
+        return eagle_utils.eagle_sample(verify_input, batch, logits_output, grammar_mask)
+
+    from sglang.srt.runtime_context import get_spec
+
+    bs, n = len(batch.seq_lens), verify_input.draft_token_num
+    logits = logits_output.next_token_logits  # [bs * n, vocab] float32
+    sanitize_nan_logits(logits, "verify: target model logits")
+    if info.acc_additive_penalties is not None:
+        logits.add_(torch.repeat_interleave(info.acc_additive_penalties, n, dim=0))
+    if info.acc_scaling_penalties is not None:
+        apply_scaling_penalties(logits, torch.repeat_interleave(info.acc_scaling_penalties, n, dim=0))
+    if info.logit_bias is not None:
+        logits.add_(torch.repeat_interleave(info.logit_bias, n, dim=0))
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
+
+    probs = prepare_target_probs(logits, info.temperatures, info.top_ks, info.top_ps, info.min_ps, n)
+    candidates = verify_input.draft_token.reshape(bs, n)
+    coins, final_coins = eagle_utils._verify_coins(
+        sampling_info=info, seq_lens=batch.seq_lens, draft_token_num=n, candidates=candidates, device=batch.device
+    )
+    predict = torch.zeros(bs * n, dtype=torch.int32, device=batch.device)
+    accept_index = torch.full((bs, verify_input.max_tree_depth), -1, dtype=torch.int32, device=batch.device)
+    num_correct_drafts = torch.empty(bs, dtype=torch.int32, device=batch.device)
+    spec = get_spec()
+    _tree_speculative_sampling(
+        predict,
+        accept_index,
+        num_correct_drafts,
+        candidates,
+        verify_input.retrieve_index,
+        verify_input.retrieve_next_token,
+        verify_input.retrieve_next_sibling,
+        coins,
+        final_coins,
+        probs.view(bs, n, -1),
+        spec.speculative_accept_threshold_single,
+        spec.speculative_accept_threshold_acc,
+    )
+    return predict, num_correct_drafts + 1, accept_index
