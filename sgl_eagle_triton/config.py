@@ -63,6 +63,13 @@ def current_draft_kind() -> str:
     return kind
 
 
+def validate_before_defaults(sa) -> None:
+    """SGLang's ``validate_server_args`` hook: runs before SGLang resolves speculative defaults, which
+    would otherwise switch an unsupported ``--speculative-adaptive`` off with only a warning."""
+    if sa.speculative_adaptive:
+        _refuse("--speculative-adaptive", "Drop the flag and set the steps/topk/draft tokens explicitly.")
+
+
 def _validate(sa) -> None:
     """Refuse every setting the Triton path has not been built or validated for."""
     if sa.speculative_draft_model_path is None:
@@ -71,8 +78,6 @@ def _validate(sa) -> None:
         _refuse(f"--device {sa.device}", "Its kernels are validated on CUDA GPUs only; use --device cuda.")
     if sa.speculative_use_rejection_sampling:
         _refuse("--speculative-use-rejection-sampling", "Drop the flag (tree verification is lossless).")
-    if sa.speculative_adaptive:
-        _refuse("--speculative-adaptive", "Drop the flag and set the steps/topk/draft tokens explicitly.")
     if sa.enable_multi_layer_eagle:
         _refuse("--enable-multi-layer-eagle", "Drop the flag.")
     if sa.speculative_draft_window_size is not None:

@@ -68,6 +68,9 @@ def _worker_factory(server_args):
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
     if get_spec(ALGORITHM_NAME) is None:
-        SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=EagleTritonSpecAlgo)(
-            _worker_factory
-        )
+        SpeculativeAlgorithm.register(
+            ALGORITHM_NAME,
+            supports_overlap=True,
+            validate_server_args=config.validate_before_defaults,
+            spec_class=EagleTritonSpecAlgo,
+        )(_worker_factory)

@@ -136,6 +136,13 @@ def _unsupported_draft(tmp_path):
          "min(1 + topk + (steps-1)*topk^2, 128)"),
         (["--speculative-draft-window-size", "64"], "--speculative-draft-window-size"),
         (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
+        (["--speculative-adaptive"], "--speculative-adaptive"),
+        (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
+        (["--tp", "2"], "tensor/pipeline parallelism (tp=2, pp=1)"),
+        (["--pp-size", "2"], "tensor/pipeline parallelism (tp=1, pp=2)"),
+        (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
+        (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+        (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
     ],
 )
 def test_refused_at_start(extra, message):
