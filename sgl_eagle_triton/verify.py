@@ -98,7 +98,8 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     if grammar_mask is not None:
         grammar_mask.apply(logits)
 
-    probs = prepare_target_probs(logits, info.temperatures, info.top_ks, info.top_ps, info.min_ps, n)
+    # A strided view when SGLang trims a padded fp32 LM head (logits_processor's eager path).
+    probs = prepare_target_probs(logits.contiguous(), info.temperatures, info.top_ks, info.top_ps, info.min_ps, n)
     candidates = verify_input.draft_token.reshape(bs, n)
     coins, final_coins = eagle_utils._verify_coins(
         sampling_info=info, seq_lens=batch.seq_lens, draft_token_num=n, candidates=candidates, device=batch.device
