@@ -23,6 +23,7 @@ import logging
 
 import torch
 
+from sglang.srt.runtime_context import get_spec
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.utils.async_probe import sanitize_nan_logits
@@ -83,8 +84,6 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     info = batch.sampling_info
     if batch.forward_mode.is_idle() or info.is_all_greedy:
         return eagle_utils.eagle_sample(verify_input, batch, logits_output, grammar_mask)
-
-    from sglang.srt.runtime_context import get_spec
 
     bs, n = len(batch.seq_lens), verify_input.draft_token_num
     logits = logits_output.next_token_logits  # [bs * n, vocab] float32

@@ -34,6 +34,18 @@ KERNELS_IN_USE = {
 }
 
 
+# SGLang names this worker rebinds or relies on: checked when the worker is built, so that an SGLang
+# whose EAGLE internals moved fails at server start rather than at the first decode.
+_SGLANG_NAMES = (
+    (eagle_worker_v2, "EagleDraftWorker"),
+    (eagle_worker_common, "build_tree_kernel_efficient"),
+    (eagle_worker_common, "eagle_sample"),
+    (eagle_utils, "verify_tree_greedy_func"),
+    (eagle_utils, "eagle_sample"),
+    (eagle_utils, "_verify_coins"),
+)
+
+
 @contextmanager
 def _swapped(module, name: str, replacement):
     """Rebind ``module.name`` for the duration of the block; fails loudly if SGLang moved it."""
@@ -60,6 +72,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
     def __init__(self, *args, **kwargs):
+        missing = [f"{module.__name__}.{name}" for module, name in _SGLANG_NAMES if not hasattr(module, name)]
+        if missing:
+            raise RuntimeError(f"{ALGORITHM_NAME} is built against SGLang 0.5.17; this SGLang lacks {missing}")
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
         logger.info(
