@@ -33,14 +33,15 @@ def _free_port() -> int:
 
 
 class Server:
-    """Starts at construction; ``wait_ready()`` blocks until /health answers; ``stop()`` ends it."""
+    """Starts at construction; ``wait_ready()`` blocks until /health answers; ``stop()`` ends it.
+    ``base_args`` default to the e2e tests' flags (deterministic inference on); benchmarks pass their own."""
 
-    def __init__(self, name: str, model: str, extra_args: list[str], log_dir: Path):
+    def __init__(self, name: str, model: str, extra_args: list[str], log_dir: Path, base_args=COMMON_ARGS):
         self.name, self.port = name, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
-               "--host", "127.0.0.1", "--port", str(self.port), *COMMON_ARGS, *extra_args]
+               "--host", "127.0.0.1", "--port", str(self.port), *base_args, *extra_args]
         self._log = open(self.log_path, "w")
         self._log.write(" ".join(cmd) + "\n")
         self._log.flush()

@@ -1,0 +1,245 @@
+"""Decode-cycle speed of real SGLang servers: no speculation, stock EAGLE3 and EAGLE_TRITON.
+
+    python bench/serve.py --workdir /tmp/bench-models --out bench/results/serve.json \\
+        [--systems nospec eagle3 eagle_triton] [--configs 5,8,32 3,1,4] [--batches 1 8 32]
+    python bench/serve.py --report bench/results/serve.json      # table + plot from collected rows
+
+On a GPU host: Llama-3.1-8B target shapes served with ``--load-format dummy``, and an EAGLE-3 draft
+checkpoint of the real shape with random weights written here first (dummy init would leave its d2t
+map meaningless), all systems with the same attention backend. Each server runs alone; rows are
+merged into ``--out`` so a long sweep can span several calls.
+
+Measurement (black box, no host sync inside SGLang): ``batch`` concurrent streamed ``/generate``
+requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. Per request, the decode
+time is first streamed token to last; cycles are ``spec_verify_ct`` (speculative) or tokens - 1
+(no speculation). ``cycle_ms`` is the median over requests of decode time / cycles. Prefill is
+excluded; acceptance with random weights is ~1, which changes token ids but not cost. ``draft_ms``
+(the draft phase per cycle) stays null until the in-process CUDA-event breakdown exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+MAX_NEW_TOKENS, PROMPT_TOKENS = 256, 128
+SYSTEMS = {"nospec": None, "eagle3": "EAGLE3", "eagle_triton": "EAGLE_TRITON"}
+SERVER_ARGS = [
+    "--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "auto",
+    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+    "--context-length", "4096", "--mem-fraction-static", "0.7",
+    "--cuda-graph-max-bs", "64", "--max-running-requests", "64",
+]
+LLAMA_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "vocab_size": 128256, "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128009,
+    "torch_dtype": "bfloat16",
+}
+DRAFT_VOCAB = 32000
+
+
+def write_models(workdir: Path) -> tuple[Path, Path]:
+    """The 8B target config (weights: dummy) and a random-weight EAGLE-3 draft checkpoint of its shape."""
+    import torch
+    from safetensors.torch import save_file
+
+    target, draft = workdir / "llama-3.1-8b", workdir / "llama-3.1-8b-eagle3"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps({**LLAMA_8B, "architectures": ["LlamaForCausalLM"]}))
+    if (draft / "model.safetensors").exists():
+        return target, draft
+    draft.mkdir(parents=True, exist_ok=True)
+    cfg = {**LLAMA_8B, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+           "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": 4096}
+    (draft / "config.json").write_text(json.dumps(cfg))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device).manual_seed(0)
+    h, i, v = 4096, 14336, LLAMA_8B["vocab_size"]
+    shapes = {
+        "fc.weight": (h, 3 * h), "midlayer.self_attn.q_proj.weight": (h, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (1024, 2 * h), "midlayer.self_attn.v_proj.weight": (1024, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, h), "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h), "midlayer.mlp.down_proj.weight": (h, i),
+        "lm_head.weight": (DRAFT_VOCAB, h),
+    }
+    tensors = {name: (torch.randn(shape, generator=gen, device=device) * 0.02).bfloat16().cpu()
+               for name, shape in shapes.items()}
+    for norm in ("midlayer.hidden_norm", "midlayer.input_layernorm", "midlayer.post_attention_layernorm", "norm"):
+        tensors[f"{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    hot = torch.randperm(v, generator=torch.Generator().manual_seed(0))[:DRAFT_VOCAB].sort().values
+    tensors["d2t"] = hot - torch.arange(DRAFT_VOCAB)
+    tensors["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill_(0, hot, True)
+    save_file(tensors, str(draft / "model.safetensors"))
+    return target, draft
+
+
+def spec_args(system: str, draft: Path, config: tuple[int, int, int]) -> list[str]:
+    if SYSTEMS[system] is None:
+        return []
+    steps, topk, n = config
+    return ["--speculative-algorithm", SYSTEMS[system], "--speculative-draft-model-path", str(draft),
+            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(n)]
+
+
+def timed_request(url: str, prompt: list[int]) -> dict:
+    """One streamed /generate: (first token time, last time, meta_info of the last chunk)."""
+    import requests
+
+    body = {"input_ids": prompt, "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}}
+    first = last = None
+    meta = {}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines(decode_unicode=True):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            last = time.perf_counter()
+            first = first or last
+            meta = chunk.get("meta_info", meta)
+    return {"first": first, "last": last, "meta": meta}
+
+
+def cycle_ms(results: list[dict]) -> float:
+    """Median over requests of decode time / decode cycles (verify cycles, or tokens after the first)."""
+    per_request = []
+    for res in results:
+        meta = res["meta"]
+        cycles = meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+        per_request.append((res["last"] - res["first"]) * 1e3 / cycles)
+    return statistics.median(per_request)
+
+
+def measure(url: str, batch: int, seed: int = 0) -> dict:
+    import random
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+    timed_request(url, prompts[0])  # warm-up
+    with ThreadPoolExecutor(batch) as pool:
+        results = list(pool.map(lambda p: timed_request(url, p), prompts))
+    accept = [r["meta"].get("spec_accept_length", 1.0) for r in results]
+    return {"cycle_ms": cycle_ms(results), "accept_length": statistics.mean(accept)}
+
+
+def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
+    """Rows of ``path`` with ``new_rows`` replacing those of the same (system, steps, topk, n, batch)."""
+    key = lambda r: (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])  # noqa: E731
+    rows = {key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
+    rows.update({key(r): r for r in new_rows})
+    return sorted(rows.values(), key=key)
+
+
+def report(rows: list[dict]) -> str:
+    """Markdown: cycle per system and batch, ratios to stock and no-spec, break-even acceptance length,
+    projected tokens/s per request at acceptance lengths 3-6."""
+    nospec = {r["batch"]: r["cycle_ms"] for r in rows if r["system"] == "nospec"}
+    stock = {(r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r["cycle_ms"]
+             for r in rows if r["system"] == "eagle3"}
+    gpu = rows[0]["gpu"] if rows else "?"
+    lines = [f"# Decode cycle on {gpu}, SGLang {rows[0]['sglang_version'] if rows else '?'}", "",
+             "| system | steps,topk,n | batch | cycle ms | ours/stock | break-even accept (cycle / no-spec step) | "
+             "tok/s/req at accept 3 / 4 / 5 / 6 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = (r["steps"], r["topk"], r["draft_tokens"], r["batch"])
+        base = nospec.get(r["batch"])
+        vs_stock = f"{r['cycle_ms'] / stock[cfg]:.2f}" if r["system"] == "eagle_triton" and cfg in stock else "-"
+        vs_nospec = f"{r['cycle_ms'] / base:.2f}" if base and r["system"] != "nospec" else "-"
+        projected = " / ".join(f"{a * 1e3 / r['cycle_ms']:.0f}" for a in (3, 4, 5, 6)) if r["system"] != "nospec" else "-"
+        name = "no speculation" if r["system"] == "nospec" else r["system"]
+        shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[:3])
+        lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {vs_nospec} | "
+                     f"{projected} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series: dict = {}
+    for r in rows:
+        label = r["system"] if r["system"] == "nospec" else "{} ({},{},{})".format(
+            r["system"], r["steps"], r["topk"], r["draft_tokens"])
+        series.setdefault(label, []).append((r["batch"], r["cycle_ms"]))
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(xscale="log", xlabel="batch", ylabel="decode cycle (ms)", title=rows[0]["gpu"])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    parser.add_argument("--configs", nargs="+", default=[(5, 8, 32), (3, 1, 4), (8, 8, 64)],
+                        type=lambda s: tuple(int(x) for x in s.split(",")))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
+    parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
+    args = parser.parse_args(argv)
+    for steps, topk, n in args.configs:
+        if topk == 1 and n != steps + 1:
+            parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")
+    return args
+
+
+def write_report(rows: list[dict], json_path: Path) -> None:
+    json_path.with_suffix(".md").write_text(report(rows))
+    plot(rows, json_path.with_suffix(".png"))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.report:
+        write_report(json.loads(args.report.read_text()), args.report)
+        return
+    import sglang
+    import torch
+    from server import Server
+
+    target, draft = write_models(args.workdir)
+    gpu, rows = torch.cuda.get_device_name(), []
+    for system in args.systems:
+        for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
+            name = f"{system}-{'-'.join(map(str, config))}"
+            server = Server(name, str(target), spec_args(system, draft, config), args.workdir, base_args=SERVER_ARGS)
+            try:
+                server.wait_ready(900)
+                for batch in args.batches:
+                    result = measure(server.url, batch)
+                    rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
+                                     batch=batch, draft_ms=None, gpu=gpu, sglang_version=sglang.__version__,
+                                     date=str(datetime.date.today()), **result))
+                    print(name, batch, result, flush=True)
+            finally:
+                server.stop()
+    merged = merge_rows(args.out, rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(merged, indent=1))
+    write_report(merged, args.out)
+
+
+if __name__ == "__main__":
+    main()

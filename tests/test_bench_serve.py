@@ -1,0 +1,49 @@
+"""bench/serve.py's pure-Python parts (arguments, row merging, report) run in CPU CI so they cannot rot."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).parent.parent / "bench" / "serve.py")
+serve = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(serve)
+
+
+def row(system, batch, cycle, config=(5, 8, 32)):
+    steps, topk, n = config if system != "nospec" else (0, 0, 0)
+    return dict(system=system, steps=steps, topk=topk, draft_tokens=n, batch=batch, cycle_ms=cycle,
+                draft_ms=None, gpu="GPU X", sglang_version="0.5.17", accept_length=1.0)
+
+
+def test_args_defaults_and_validation():
+    args = serve.parse_args([])
+    assert args.configs == [(5, 8, 32), (3, 1, 4), (8, 8, 64)] and args.batches == [1, 8, 32, 64]
+    assert serve.parse_args(["--configs", "3,1,4", "--systems", "nospec"]).systems == ["nospec"]
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--configs", "3,1,9"])
+
+
+def test_spec_args():
+    assert serve.spec_args("nospec", Path("/d"), (5, 8, 32)) == []
+    assert serve.spec_args("eagle_triton", Path("/d"), (5, 8, 32))[:2] == ["--speculative-algorithm", "EAGLE_TRITON"]
+
+
+def test_cycle_ms_uses_verify_cycles_or_tokens():
+    spec = {"first": 1.0, "last": 1.5, "meta": {"spec_verify_ct": 50, "completion_tokens": 101}}
+    plain = {"first": 0.0, "last": 1.0, "meta": {"completion_tokens": 101}}
+    assert serve.cycle_ms([spec]) == pytest.approx(10.0) and serve.cycle_ms([plain]) == pytest.approx(10.0)
+
+
+def test_merge_replaces_same_case(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([row("nospec", 1, 5.0), row("eagle3", 1, 8.0)]))
+    merged = serve.merge_rows(path, [row("eagle3", 1, 9.0), row("eagle_triton", 1, 4.5)])
+    assert [(r["system"], r["cycle_ms"]) for r in merged] == [("eagle3", 9.0), ("eagle_triton", 4.5), ("nospec", 5.0)]
+
+
+def test_report_ratios():
+    table = serve.report([row("nospec", 1, 5.0), row("eagle3", 1, 8.0), row("eagle_triton", 1, 4.0)])
+    ours = next(line for line in table.splitlines() if line.startswith("| eagle_triton"))
+    assert "| 0.50 | 0.80 | 750 / 1000 / 1250 / 1500 |" in ours
