@@ -32,12 +32,17 @@ def _refuse(what: str, change: str) -> None:
     raise EagleTritonConfigError(f"EAGLE_TRITON does not support {what}. {change}")
 
 
-def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:
-    """``"eagle3"`` or ``"eagle"`` from the draft checkpoint's ``architectures[0]``."""
+def _architecture(model_path: str, trust_remote_code: bool) -> str:
+    """``architectures[0]`` of a checkpoint's config (``"<none>"`` when it names none)."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    archs = getattr(get_config(draft_model_path, trust_remote_code=trust_remote_code), "architectures", None)
-    arch = (archs or ["<none>"])[0]
+    archs = getattr(get_config(model_path, trust_remote_code=trust_remote_code), "architectures", None)
+    return (archs or ["<none>"])[0]
+
+
+def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:
+    """``"eagle3"`` or ``"eagle"`` from the draft checkpoint's ``architectures[0]``."""
+    arch = _architecture(draft_model_path, trust_remote_code)
     if arch not in SUPPORTED_DRAFT_ARCHS:
         _refuse(
             f"the draft architecture {arch!r} (from {draft_model_path})",
@@ -107,10 +112,8 @@ def _resolve_tree_shape(sa) -> None:
                 "--speculative-eagle-topk / --speculative-num-draft-tokens without --speculative-num-steps",
                 "Pass --speculative-num-steps too, or none of the three for the defaults.",
             )
-        from sglang.srt.utils.hf_transformers_utils import get_config
-
-        archs = getattr(get_config(sa.model_path, trust_remote_code=sa.trust_remote_code), "architectures", None)
-        steps, topk, n = (5, 4, 8) if archs and archs[0] == "LlamaForCausalLM" else (3, 1, 4)
+        llama = _architecture(sa.model_path, sa.trust_remote_code) == "LlamaForCausalLM"
+        steps, topk, n = (5, 4, 8) if llama else (3, 1, 4)
     topk = 1 if topk is None else topk
     if topk == 1 and n != steps + 1:
         if n is not None:
