@@ -56,6 +56,25 @@ def tree_inputs(bs: int, steps: int, topk: int, n: int):
     return parent_list.cuda(), selected.cuda(), seq_lens.cuda(), int(seq_lens.sum())
 
 
+def verify_tree(bs: int, steps: int, topk: int, n: int, vocab: int):
+    """Verify inputs from a build_tree output: ``(candidates [bs, n], retrieve_index, next_token,
+    next_sibling)``, draft tokens drawn from ``vocab``."""
+    parent_list, selected, seq_lens, seq_sum = tree_inputs(bs, steps, topk, n)
+    bonus = torch.zeros(bs, dtype=torch.long, device="cuda")
+    draft = torch.randint(0, vocab, (bs, n - 1), device="cuda")
+    _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
+        bonus, parent_list, selected, draft, seq_lens, seq_sum, topk, steps, n, 1
+    )
+    return candidates.view(bs, n), index, next_token, next_sibling
+
+
+def verify_outputs(bs: int, n: int, steps: int):
+    """Fresh ``(predicts, accept_index, accept_token_num)`` as SGLang pre-fills them."""
+    return (torch.zeros(bs * n, dtype=torch.int32, device="cuda"),
+            torch.full((bs, steps + 1), -1, dtype=torch.int32, device="cuda"),
+            torch.zeros(bs, dtype=torch.int32, device="cuda"))
+
+
 def bench_build_tree(bs, steps, topk, n):
     """The whole per-step build as SGLang's triton attention backend runs it: preallocated uint8
     FULL_MASK buffer sized for MAX_CONTEXT, prefix columns set True, retrieve arrays and positions."""
@@ -79,17 +98,9 @@ def bench_verify(bs, steps, topk, n):
     from sgl_kernel import verify_tree_greedy as sgl_verify
     from sglang.srt.speculative.eagle_utils import verify_tree_greedy_triton
 
-    parent_list, selected, seq_lens, seq_sum = tree_inputs(bs, steps, topk, n)
-    bonus = torch.zeros(bs, dtype=torch.long, device="cuda")
-    draft = torch.randint(0, 4, (bs, n - 1), device="cuda")
-    _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
-        bonus, parent_list, selected, draft, seq_lens, seq_sum, topk, steps, n, 1
-    )
-    candidates = candidates.view(bs, n)
+    candidates, index, next_token, next_sibling = verify_tree(bs, steps, topk, n, vocab=4)
     target = torch.randint(0, 4, (bs, n), device="cuda")
-    outs = (torch.zeros(bs * n, dtype=torch.int32, device="cuda"),
-            torch.full((bs, steps + 1), -1, dtype=torch.int32, device="cuda"),
-            torch.zeros(bs, dtype=torch.int32, device="cuda"))
+    outs = verify_outputs(bs, n, steps)
     ins = (candidates, index, next_token, next_sibling, target)
     impls = {
         "triton (ours)": lambda: verify_greedy.verify_tree_greedy(*outs, *ins),
@@ -135,18 +146,10 @@ def bench_tree_sampling(bs, steps, topk, n, vocab=TARGET_VOCAB):
     tree_speculative_sampling_target_only)."""
     from sgl_kernel import tree_speculative_sampling_target_only
 
-    parent_list, selected, seq_lens, seq_sum = tree_inputs(bs, steps, topk, n)
-    bonus = torch.zeros(bs, dtype=torch.long, device="cuda")
-    draft = torch.randint(0, vocab, (bs, n - 1), device="cuda")
-    _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
-        bonus, parent_list, selected, draft, seq_lens, seq_sum, topk, steps, n, 1
-    )
-    candidates = candidates.view(bs, n)
+    candidates, index, next_token, next_sibling = verify_tree(bs, steps, topk, n, vocab)
     probs = torch.softmax(torch.randn(bs, n, vocab, device="cuda") * 3, dim=-1)
     coins, final_coins = torch.rand(bs, n, device="cuda"), torch.rand(bs, device="cuda")
-    outs = (torch.zeros(bs * n, dtype=torch.int32, device="cuda"),
-            torch.full((bs, steps + 1), -1, dtype=torch.int32, device="cuda"),
-            torch.zeros(bs, dtype=torch.int32, device="cuda"))
+    outs = verify_outputs(bs, n, steps)
 
     def stock():
         tree_speculative_sampling_target_only(
