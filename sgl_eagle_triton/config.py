@@ -18,10 +18,12 @@ import os
 logger = logging.getLogger(__name__)
 
 DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
+DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
 MAX_DRAFT_TOKENS = 128  # the build-tree kernel's widest tree (one program holds a whole tree)
+MAX_TOPK = 16  # the fused LM head keeps at most 16 candidates per vocabulary tile
 
 
 class EagleTritonConfigError(ValueError):
@@ -32,12 +34,43 @@ def _refuse(what: str, change: str) -> None:
     raise EagleTritonConfigError(f"EAGLE_TRITON does not support {what}. {change}")
 
 
-def _architecture(model_path: str, trust_remote_code: bool) -> str:
-    """``architectures[0]`` of a checkpoint's config (``"<none>"`` when it names none)."""
+def _hf_config(model_path: str, trust_remote_code: bool):
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    archs = getattr(get_config(model_path, trust_remote_code=trust_remote_code), "architectures", None)
+    return get_config(model_path, trust_remote_code=trust_remote_code)
+
+
+def _architecture(model_path: str, trust_remote_code: bool) -> str:
+    """``architectures[0]`` of a checkpoint's config (``"<none>"`` when it names none)."""
+    archs = getattr(_hf_config(model_path, trust_remote_code), "architectures", None)
     return (archs or ["<none>"])[0]
+
+
+def _check_fused_drafter(sa) -> None:
+    """Refuse drafts the fused drafter (one Llama layer, SiLU MLP, full neox RoPE, bf16) cannot run."""
+    cfg = _hf_config(sa.speculative_draft_model_path, sa.trust_remote_code)
+    path = sa.speculative_draft_model_path
+    if cfg.num_hidden_layers != 1:
+        _refuse(f"a draft with {cfg.num_hidden_layers} decoder layers ({path})", "Use a one-layer EAGLE draft.")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        _refuse(f"the draft activation {cfg.hidden_act!r} ({path})", "Use a SiLU (Llama) draft.")
+    if getattr(cfg, "mlp_bias", False):
+        _refuse(f"a draft MLP with biases ({path})", "Use a Llama draft without mlp_bias.")
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        _refuse(f"partial rotary embeddings ({path})", "Use a draft with RoPE over the whole head.")
+    rope = getattr(cfg, "rope_scaling", None) or {}
+    if "mrope_section" in rope:
+        _refuse(f"multimodal RoPE (mrope) drafts ({path})", "Use a text-only Llama draft.")
+    for flag in ("norm_output", "final_logit_softcapping"):
+        if getattr(cfg, flag, None):
+            _refuse(f"drafts with {flag} ({path})", "Use a standard Llama EAGLE draft.")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        _refuse(f"draft head_dim {head_dim} ({path})", "The draft attention kernel needs a power of two >= 16.")
+    dtype = sa.dtype if sa.dtype != "auto" else str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", ""))
+    dtype = dtype.replace("torch.", "")
+    if dtype not in ("bfloat16", "bf16"):
+        _refuse(f"--dtype {sa.dtype} with a {dtype} draft", "The Triton kernels run bf16; pass --dtype bfloat16.")
 
 
 def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:
@@ -99,6 +132,8 @@ def _validate(sa) -> None:
         _refuse("LoRA adapters", "Drop --enable-lora / --lora-paths.")
     if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or -1) > 0:
         _refuse("SGLANG_SIMULATE_ACC_LEN (simulated acceptance)", "Unset it, or use EAGLE/EAGLE3 to simulate.")
+    if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
+        _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
 
@@ -121,8 +156,8 @@ def _resolve_tree_shape(sa) -> None:
         n = steps + 1
     if n is None:
         _refuse("--speculative-eagle-topk > 1 without --speculative-num-draft-tokens", "Pass the draft token count.")
-    if steps < 1 or topk < 1:
-        _refuse(f"steps={steps}, topk={topk}", "Both must be >= 1.")
+    if steps < 1 or not 1 <= topk <= MAX_TOPK:
+        _refuse(f"steps={steps}, topk={topk}", f"Use steps >= 1 and 1 <= topk <= {MAX_TOPK}.")
     max_nodes = 1 + topk + (steps - 1) * topk * topk
     if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
         _refuse(
@@ -140,6 +175,7 @@ def handle_server_args(sa) -> None:
     """Validate, fill defaults and export the draft kind; mutates ``sa`` in place."""
     _validate(sa)
     os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
+    _check_fused_drafter(sa)
     _resolve_tree_shape(sa)
     if sa.max_running_requests is None:
         sa.max_running_requests = 48

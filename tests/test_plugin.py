@@ -115,11 +115,16 @@ def test_draft_kind_falls_back_to_published_spec(monkeypatch):
     assert config.current_draft_kind() == config.EAGLE3
 
 
-def _unsupported_draft(tmp_path):
+def _draft_with(tmp_path, **changes):
+    """A copy of the trained EAGLE-3 draft's config with ``changes`` (enough for server-arg handling)."""
     cfg = json.loads((TRAINED_PAIR / "eagle3" / "config.json").read_text())
-    cfg["architectures"] = ["Qwen3ForCausalLMEagle3"]
+    cfg.update(changes)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     return str(tmp_path)
+
+
+def _unsupported_draft(tmp_path):
+    return _draft_with(tmp_path, architectures=["Qwen3ForCausalLMEagle3"])
 
 
 @pytest.mark.parametrize(
@@ -153,6 +158,34 @@ def test_refused_at_start(extra, message):
 def test_unsupported_draft_architecture(tmp_path):
     with pytest.raises(EagleTritonConfigError, match="Qwen3ForCausalLMEagle3"):
         _args(draft=_unsupported_draft(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(num_hidden_layers=2), "a draft with 2 decoder layers"),
+        (dict(hidden_act="gelu"), "the draft activation 'gelu'"),
+        (dict(mlp_bias=True), "a draft MLP with biases"),
+        (dict(partial_rotary_factor=0.5), "partial rotary embeddings"),
+        (dict(rope_scaling={"rope_type": "default", "mrope_section": [16, 24, 24]}), "multimodal RoPE"),
+        (dict(norm_output=True), "drafts with norm_output"),
+        (dict(head_dim=24), "draft head_dim 24"),
+        (dict(torch_dtype="float16"), "with a float16 draft"),
+    ],
+)
+def test_unsupported_draft_config_refused(tmp_path, changes, message):
+    with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
+        _args(draft=_draft_with(tmp_path, **changes))
+
+
+def test_fp16_serving_refused():
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--dtype float16")):
+        _args("--dtype", "float16")
+
+
+def test_topk_beyond_lm_head_limit_refused():
+    with pytest.raises(EagleTritonConfigError, match=re.escape("1 <= topk <= 16")):
+        _args("--speculative-num-steps", "2", "--speculative-eagle-topk", "17", "--speculative-num-draft-tokens", "20")
 
 
 def test_simulated_acceptance_refused(monkeypatch):

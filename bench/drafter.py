@@ -1,0 +1,155 @@
+"""Fused-drafter benchmark at Llama-3.1-8B EAGLE-3 draft shapes (random weights, ~1k-token paged prefixes).
+
+    python bench/drafter.py [--out bench/results]        (on a GPU)
+
+Rows: the whole draft of one decode cycle (``FusedDrafter.draft``: S - 1 forwards + selections + prune)
+inside a CUDA graph, as SGLang's draft graph runner replays it, and per op of one step: our Triton
+``linear`` against cuBLAS (``torch.nn.functional.linear``, what SGLang's draft layer calls) and
+``lm_head_topk`` against cuBLAS matmul + softmax + top-k. The floor of a draft is the bytes it must read
+(draft weights once per forward, each request's prefix KV once per forward) over the measured copy
+bandwidth (read + write bytes of a large copy). Writes ``<date>-<gpu>-drafter.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from sgl_eagle_triton.drafter import FusedDrafter
+from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
+from sgl_eagle_triton.reference.random_draft import random_draft
+
+DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
+CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
+BATCHES = [1, 8, 32]
+PREFIX = 1024
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def graph_us(fn) -> float:
+    with torch.cuda.stream(torch.cuda.Stream()):
+        return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3
+
+
+def weight_bytes(w) -> int:
+    return sum(t.numel() * t.element_size() for t in (w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head))
+
+
+def bench_draft(w, steps, topk, n, bs, bandwidth):
+    gen = torch.Generator().manual_seed(bs)
+    H, Hkv, D = w.hidden_size, w.num_kv_heads, w.head_dim
+    ctx = PREFIX + topk * steps + 8
+    slots = 1 + (bs + 1) * ctx
+    k_cache = torch.randn(slots, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().cuda()
+    req_pool_indices = torch.arange(1, bs + 1, device="cuda")
+    seq_lens = torch.full((bs,), PREFIX, device="cuda")
+    topk_p = torch.rand(bs, topk, device="cuda").sort(dim=-1, descending=True).values
+    topk_index = torch.randint(0, w.lm_head.shape[0], (bs, topk), device="cuda")
+    hidden = torch.randn(bs, H, device="cuda", dtype=torch.bfloat16)
+    positions = seq_lens.repeat_interleave(topk)
+    drafter = FusedDrafter(w, topk, steps, n, k_cache, v_cache, req_to_token)
+
+    def run():
+        drafter.draft(topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices)
+        positions.sub_(steps - 1)
+
+    t = graph_us(run)
+    forwards = steps - 1
+    floor = forwards * (weight_bytes(w) + bs * PREFIX * Hkv * D * 2 * 2) / bandwidth * 1e6
+    return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
+                graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
+
+
+def bench_ops(w, rows_n, bandwidth):
+    """Per-op rows for ``rows_n = bs * topk`` rows: ours vs cuBLAS, device time in a CUDA graph."""
+    H = w.hidden_size
+    x2 = torch.randn(rows_n, 2 * H, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
+    act = torch.randn(rows_n, w.down.shape[1], device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
+    out = {name: torch.empty(rows_n, n, device="cuda", dtype=torch.bfloat16)
+           for name, n in (("qkv", w.qkv.shape[0]), ("h", H), ("act", w.gate_up.shape[0] // 2))}
+    cases = {
+        "qkv": (lambda: linear(x2, w.qkv, out["qkv"]), lambda: F.linear(x2, w.qkv), w.qkv),
+        "o_proj + residual": (lambda: linear(x, w.o_proj, out["h"], residual=res),
+                              lambda: F.linear(x, w.o_proj) + res, w.o_proj),
+        "gate_up + silu_mul": (lambda: linear(x, w.gate_up, out["act"], norm_weight=w.post_norm, eps=1e-5,
+                                              silu_mul=True),
+                               lambda: F.silu((g := F.linear(x, w.gate_up)).chunk(2, -1)[0]) * g.chunk(2, -1)[1],
+                               w.gate_up),
+        "down + residual": (lambda: linear(act, w.down, out["h"], residual=res),
+                            lambda: F.linear(act, w.down) + res, w.down),
+        "lm_head + softmax + top-8": (
+            lambda: lm_head_topk(x, w.lm_head, 8, norm_weight=w.final_norm, eps=1e-5, token_map=w.token_map),
+            lambda: torch.softmax(F.linear(x, w.lm_head).float(), -1).topk(8), w.lm_head),
+    }
+    rows = []
+    for op, (ours, cublas, weight) in cases.items():
+        floor = weight.numel() * weight.element_size() / bandwidth * 1e6
+        for impl, fn in (("triton (ours)", ours), ("cuBLAS + torch", cublas)):
+            t = graph_us(fn)
+            rows.append(dict(op=op, impl=impl, rows=rows_n, graph_us=t, floor_us=floor, over_floor=t / floor))
+    return rows
+
+
+def markdown(draft_rows, op_rows, gpu, bandwidth) -> str:
+    lines = [
+        f"# Fused drafter on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)",
+        "",
+        f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write). Device times in a CUDA graph, microseconds,",
+        "median. Floor: draft weights (+ prefix KV) read once per draft forward at that bandwidth.",
+        "",
+        "| draft (whole cycle) | batch | ours us | floor us | ours / floor |",
+        "|---|---|---|---|---|",
+    ]
+    for r in draft_rows:
+        lines.append(f"| {r['steps']},{r['topk']},{r['draft_tokens']} | {r['batch']} | {r['graph_us']:.0f} | "
+                     f"{r['floor_us']:.0f} | {r['over_floor']:.2f} |")
+    lines += ["", "| op | rows | ours us | cuBLAS + torch us | floor us | ours / floor | ours / cuBLAS |",
+              "|---|---|---|---|---|---|---|"]
+    for ours, ref in zip(op_rows[::2], op_rows[1::2]):
+        lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
+                     f"{ours['floor_us']:.1f} | {ours['over_floor']:.2f} | {ours['graph_us'] / ref['graph_us']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    out_dir = Path(parser.parse_args().out)
+    gpu = torch.cuda.get_device_name()
+    bandwidth = copy_bandwidth()
+    w, _ = random_draft(True, "cuda", **DIMS)
+    draft_rows = []
+    for steps, topk, n in CONFIGS:
+        for bs in BATCHES:
+            draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth))
+            print(draft_rows[-1], flush=True)
+    op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth)]
+    for r in op_rows:
+        r["gpu"] = gpu
+    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows,
+                                                           ops=op_rows), indent=1))
+    (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth))
+    print(markdown(draft_rows, op_rows, gpu, bandwidth))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""``python -m sgl_eagle_triton demo``: EAGLE_TRITON served end to end on one GPU, no model hub needed.
+
+Writes a tiny random-weight Llama target + EAGLE-3 draft to a temporary folder (or uses the
+``--model-path`` / ``--draft-model-path`` given), starts ``python -m sglang.launch_server
+--speculative-algorithm EAGLE_TRITON`` in its own process group, sends a few OpenAI requests
+(``/v1/chat/completions``, ``/v1/completions``; greedy and sampled), and prints the answers, the
+acceptance statistics SGLang reports (per request: chat ``meta_info``; server-wide: ``/server_info``
+and ``/metrics``) and the kernel lines of the server log. Then it stops the whole process group and
+removes the temporary folder unless ``--keep``.
+
+A leaf entry point: it talks to the server over HTTP only (standard library), and imports torch
+only to write the tiny models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from sgl_eagle_triton import ALGORITHM_NAME
+
+# The flags the air-gapped GPU bundle needs (no FA3 / FlashInfer / xgrammar); valid on any install.
+SERVER_FLAGS = (
+    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none", "--enable-metrics",
+)
+TINY_MODEL_FLAGS = ("--max-total-tokens", "65536", "--max-running-requests", "8", "--cuda-graph-max-bs", "8")
+CHAT = [{"role": "user", "content": "Write a Python function that tells whether a number is prime."}]
+REQUESTS = (
+    ("chat, greedy", "/v1/chat/completions", {"messages": CHAT, "temperature": 0}),
+    ("chat, sampled (temperature 0.8, top-p 0.95)", "/v1/chat/completions",
+     {"messages": CHAT, "temperature": 0.8, "top_p": 0.95}),
+    ("completion, greedy", "/v1/completions", {"prompt": "def fibonacci(n):\n", "temperature": 0}),
+    ("completion, sampled (temperature 0.8, top-p 0.95)", "/v1/completions",
+     {"prompt": "import numpy as np\n\n", "temperature": 0.8, "top_p": 0.95}),
+)
+KERNEL_LINE = re.compile(rf"{ALGORITHM_NAME}(?: \(.*draft forward: .*|: .* ran \(first call in this process\))")
+METRIC_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})? +(\S+)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (models, server log)")
+    parser.add_argument("--model-path", help="target model to serve instead of the tiny random one")
+    parser.add_argument("--draft-model-path", help="its EAGLE / EAGLE-3 draft (with --model-path)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.model_path is None) != (args.draft_model_path is None):
+        parser.error("--model-path and --draft-model-path go together")
+    if args.max_tokens < 1:
+        parser.error("--max-tokens must be at least 1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(target: str, draft: str, port: int, tiny: bool) -> list[str]:
+    """``python -m sglang.launch_server`` serving ``target`` with EAGLE_TRITON and ``draft``."""
+    return [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", target,
+        "--speculative-algorithm", ALGORITHM_NAME, "--speculative-draft-model-path", draft,
+        "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS, *(TINY_MODEL_FLAGS if tiny else ()),
+    ]
+
+
+def http(url: str, body: dict | None = None, timeout: float = 300) -> str:
+    """GET (or POST ``body`` as JSON) and return the response text; raises on an HTTP error status."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> float:
+    """Seconds until ``url/health`` answers 200; raises if the server exits or ``timeout`` passes."""
+    start = time.time()
+    while time.time() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} during start-up")
+        try:
+            http(url + "/health", timeout=5)
+            return time.time() - start
+        except (OSError, RuntimeError):
+            time.sleep(1)
+    raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's whole process group, SIGKILL after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{metric name: sum over its label sets}``."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = METRIC_SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            totals[m[1]] = totals.get(m[1], 0.0) + float(m[2])
+    return totals
+
+
+def request_stats(response: dict) -> str:
+    """One line on a response's tokens and, when it carries SGLang's ``meta_info``, its acceptance."""
+    choice = response["choices"][0]
+    tokens = response["usage"]["completion_tokens"]
+    meta = choice.get("meta_info") or {}
+    if not meta.get("spec_verify_ct"):
+        return f"{tokens} tokens (per-request speculation stats: /generate or chat with return_meta_info)"
+    return (f"{tokens} tokens in {meta['spec_verify_ct']} verify steps: accept length "
+            f"{meta['spec_accept_length']:.2f} tokens/step, draft accept rate {meta['spec_accept_rate']:.2f}")
+
+
+def answer_text(response: dict) -> str:
+    choice = response["choices"][0]
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+
+
+def server_acceptance(server_info: dict, metrics: dict[str, float]) -> list[str]:
+    """Server-wide acceptance lines from ``/server_info`` and ``/metrics`` (what each one exposes)."""
+    states = server_info.get("internal_states") or [{}]
+    avg = states[0].get("avg_spec_accept_length")
+    lines = [f"/server_info internal_states[0].avg_spec_accept_length: "
+             + (f"{avg:.2f}" if avg is not None else "not yet (SGLang updates it every --decode-log-interval steps)")]
+    tokens, verifies = metrics.get("sglang:generation_tokens_total"), metrics.get("sglang:spec_verify_calls_total")
+    if tokens and verifies:
+        lines.append(f"/metrics sglang:generation_tokens_total / sglang:spec_verify_calls_total: "
+                     f"{tokens:.0f} / {verifies:.0f} = {tokens / verifies:.2f} tokens/step")
+    if (last := metrics.get("sglang:spec_accept_length")) is not None:
+        lines.append(f"/metrics sglang:spec_accept_length (last log interval): {last:.2f}")
+    return lines
+
+
+def kernel_lines(log: str) -> list[str]:
+    """The plugin's start-up banner and its "<kernel> ran" lines, without SGLang's log prefix, once each."""
+    return list(dict.fromkeys(m[0] for m in map(KERNEL_LINE.search, log.splitlines()) if m))
+
+
+def serve_and_ask(args: argparse.Namespace, workdir: Path) -> None:
+    """Write the models (unless given), start the server, ask, print, and stop the server."""
+    tiny = args.model_path is None
+    if tiny:
+        from sgl_eagle_triton.tiny_models import write_random_pair  # torch: only when writing models
+
+        print(f"Writing a tiny random Llama target + EAGLE-3 draft to {workdir}")
+        target, draft = map(str, write_random_pair(workdir, draft="eagle3"))
+    else:
+        target, draft = args.model_path, args.draft_model_path
+    port = args.port or free_port()
+    url, log_path = f"http://127.0.0.1:{port}", workdir / "server.log"
+    cmd = server_command(target, draft, port, tiny)
+    print(f"Starting python {' '.join(cmd[1:])}\n  server log: {log_path}\n"
+          "  (a first start compiles kernels and captures CUDA graphs: a minute or more)")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        try:
+            print(f"Server ready at {url} after {wait_healthy(proc, url, args.timeout):.0f} s")
+        except RuntimeError:
+            print("Server log tail:\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]))
+            raise
+        for label, endpoint, body in REQUESTS:
+            body = {"model": "default", "max_tokens": args.max_tokens, **body}
+            if endpoint.endswith("chat/completions"):
+                body["return_meta_info"] = True
+            response = json.loads(http(url + endpoint, body))
+            question = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+            print(f"\n== {label} ({endpoint}) ==\nQ: {question.strip()}\nA: {answer_text(response).strip()}")
+            print(f"   {request_stats(response)}")
+        print("\n== Acceptance, whole server ==")
+        info, metrics = json.loads(http(url + "/server_info")), parse_metrics(http(url + "/metrics"))
+        print("\n".join(f"  {line}" for line in server_acceptance(info, metrics)))
+        if tiny:
+            print("  (random weights: the draft is almost never right, so about 1 token per step is expected;\n"
+                  "   a trained pair, e.g. tests/assets/tiny-code-v1/{target,eagle3}, accepts about 2)")
+        print("\n== Kernels (from the server log) ==")
+        print("\n".join(f"  {line}" for line in kernel_lines(log_path.read_text(errors="replace"))) or "  none found")
+    finally:
+        stop(proc)
+        print("\nServer stopped.")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The demo; returns the process exit code."""
+    workdir = Path(tempfile.mkdtemp(prefix="sgl-eagle-triton-demo-"))
+    try:
+        serve_and_ask(args, workdir)
+        return 0
+    except (RuntimeError, OSError) as e:
+        print(f"demo failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep:
+            print(f"Kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,191 @@
+"""The fused draft: SGLang's EAGLE ``draft_forward`` as a fixed chain of Triton kernels.
+
+Per draft step ``i < S - 1`` over ``R = bs * k`` rows (one per frontier node):
+
+1. ``draft_input``: embedding and hidden-state gathers (+ EAGLE-3's two input RMSNorms);
+   EAGLE-1: ``fc`` with bias (``linear``);
+2. ``linear``: the q/k/v projection;
+3. ``draft_attention``: RoPE, the row's k/v into a private chain, attention over the request's paged prefix
+   KV (SGLang's draft KV pool, through ``req_to_token``) plus the row's own chain;
+4. ``linear``: o-proj + residual (also keeps the fp32 sum the post-attention norm reads);
+5. ``linear``: post-attention RMSNorm prologue, gate/up projection, SiLU-and-mul epilogue;
+6. ``linear``: down-proj + residual = the carried hidden state;
+7. ``lm_head_topk``: (EAGLE-3 final norm,) LM head, softmax and top-k without materialising logits;
+8. ``draft_select``: the next frontier (SGLang's ``select_top_k_tokens``) and the tree bookkeeping.
+
+``draft_select`` runs once more for the last step, then ``draft_organize`` prunes the tree to ``n - 1``
+nodes (SGLang's ``organize_draft_results``). Grids depend only on ``bs`` and the model's shapes; all
+temporaries are allocated per call, so under SGLang's draft CUDA graph they live in the graph's pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_eagle_triton.kernels.draft_attention import draft_attention
+from sgl_eagle_triton.kernels.draft_input import draft_input
+from sgl_eagle_triton.kernels.draft_organize import draft_organize
+from sgl_eagle_triton.kernels.draft_select import draft_select
+from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
+
+
+@dataclass
+class DraftWeights:
+    """A one-layer Llama EAGLE draft's tensors (bf16 unless noted), bound by reference to the model's.
+
+    embed: [V, H] (target vocabulary); qkv: [(Hq + 2 Hkv) D, 2H] (EAGLE-3) or [(Hq + 2 Hkv) D, H];
+    o_proj: [H, Hq D]; post_norm: [H]; gate_up: [2I, H]; down: [H, I]; lm_head: [Vd, H];
+    rotary: SGLang's rotary-embedding module (neox style over the whole head; its ``cos_sin_cache``
+    [max_pos, D] fp32 is read at every call because SGLang may grow it). EAGLE-3 only: input_norm,
+    hidden_norm, final_norm [H]. EAGLE-1 only: fc [H, 2H], fc_bias [H]. Optional: qkv_bias, o_bias;
+    token_map [Vd] int64 (draft id -> target id).
+    """
+
+    eagle3: bool
+    embed: torch.Tensor
+    qkv: torch.Tensor
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    lm_head: torch.Tensor
+    rotary: torch.nn.Module
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    input_norm: torch.Tensor | None = None
+    hidden_norm: torch.Tensor | None = None
+    final_norm: torch.Tensor | None = None
+    fc: torch.Tensor | None = None
+    fc_bias: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+    token_map: torch.Tensor | None = None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.o_proj.shape[0]
+
+
+def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
+    """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16; the
+    server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference."""
+    eagle3 = hasattr(model.model.layers[0], "hidden_norm")
+    layer = model.model.layers[0]
+    attn = layer.self_attn
+    vocab = min(model.lm_head.weight.shape[0], model.logits_processor.vocab_size)
+    w = DraftWeights(
+        eagle3=eagle3,
+        embed=model.model.embed_tokens.weight,
+        qkv=attn.qkv_proj.weight,
+        o_proj=attn.o_proj.weight,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up=layer.mlp.gate_up_proj.weight,
+        down=layer.mlp.down_proj.weight,
+        lm_head=model.lm_head.weight[:vocab],
+        rotary=attn.rotary_emb,
+        num_q_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads,
+        head_dim=attn.head_dim,
+        eps=layer.post_attention_layernorm.variance_epsilon,
+        qkv_bias=attn.qkv_proj.bias,
+        o_bias=attn.o_proj.bias,
+        token_map=token_map,
+    )
+    if eagle3:
+        w.input_norm, w.hidden_norm = layer.input_layernorm.weight, layer.hidden_norm.weight
+        w.final_norm = model.model.norm.weight
+    else:
+        w.fc, w.fc_bias = model.model.fc.weight, model.model.fc.bias
+    tensors = [t for t in (w.embed, w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head) if t is not None]
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        raise ValueError(f"the fused drafter runs bf16 drafts only; this draft holds {tensors[0].dtype} weights")
+    return w
+
+
+class FusedDrafter:
+    """Runs the whole draft of one decode cycle for a batch; see the module docstring.
+
+    k_cache / v_cache: the draft layer's KV-pool buffers [slots, Hkv, D] bf16; req_to_token: [reqs, ctx]
+    int32 (SGLang's request-to-slot table).
+    """
+
+    def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor):
+        self.w = weights
+        self.topk = topk
+        self.num_steps = num_steps
+        self.num_draft_tokens = num_draft_tokens
+        self.k_cache = k_cache
+        self.v_cache = v_cache
+        self.req_to_token = req_to_token
+
+    def draft(self, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
+        """``(parent_list [bs, k(S-1)+1], top_scores_index [bs, n-1], draft_tokens [bs, n-1])``, all int64,
+        and ``all_scores`` [bs, k + (S-1) k^2] fp32 (every candidate's score, as SGLang's ``score_list``).
+
+        topk_p: [bs, k] fp32 and topk_index: [bs, k] int64 (the draft extend's top-k, draft vocabulary when
+        the weights have a token map); hidden: [bs, H] bf16 (the carried hidden state); positions: [bs * k]
+        int64 (advanced by ``S - 1`` in place, as SGLang's draft forward does); seq_lens: [bs] int64;
+        req_pool_indices: [bs] int64.
+        """
+        w, k, S = self.w, self.topk, self.num_steps
+        bs = topk_p.shape[0]
+        R = bs * k
+        H, D = w.hidden_size, w.head_dim
+        dev = topk_p.device
+        T = k + (S - 1) * k * k
+
+        def new(*shape, dtype=torch.bfloat16):
+            return torch.empty(*shape, dtype=dtype, device=dev)
+
+        scores = new(bs, k, dtype=torch.float32)
+        input_ids, hidden_rows, step_positions = (new(R, dtype=torch.int64) for _ in range(3))
+        all_scores, all_tokens = new(bs, T, dtype=torch.float32), new(bs, T, dtype=torch.int64)
+        parent_list = new(bs, k * (S - 1) + 1 if S > 1 else 0, dtype=torch.int64)
+        tree = (scores, input_ids, hidden_rows, all_scores, all_tokens, parent_list, positions, step_positions)
+        draft_select(0, S, topk_p, topk_index, *tree, token_map=w.token_map)
+
+        if S > 1:
+            x = new(R, 2 * H)
+            residual = new(R, H)
+            qkv = new(R, w.qkv.shape[0])
+            attn = new(R, w.num_q_heads * D)
+            h1, s = new(R, H), new(R, H)
+            h1_sum, s_sum = new(R, H, dtype=torch.float32), new(R, H, dtype=torch.float32)
+            act = new(R, w.gate_up.shape[0] // 2)
+            chain_k = new(S - 1, R, w.num_kv_heads, D)
+            chain_v = torch.empty_like(chain_k)
+            p = new(R, k, dtype=torch.float32)
+            index = new(R, k, dtype=torch.int64)
+        for step in range(S - 1):
+            if w.eagle3:
+                draft_input(input_ids, w.embed, hidden, hidden_rows, x, residual=residual,
+                            input_norm=w.input_norm, hidden_norm=w.hidden_norm, eps=w.eps)
+                attn_in = x
+            else:
+                draft_input(input_ids, w.embed, hidden, hidden_rows, x)
+                attn_in = linear(x, w.fc, residual, bias=w.fc_bias)
+            linear(attn_in, w.qkv, qkv, bias=w.qkv_bias)
+            draft_attention(qkv, step_positions, w.rotary.cos_sin_cache, self.k_cache, self.v_cache,
+                            self.req_to_token, req_pool_indices, seq_lens, chain_k, chain_v, step, k,
+                            w.num_q_heads, w.num_kv_heads, D, D**-0.5, attn)
+            linear(attn, w.o_proj, h1, bias=w.o_bias, residual=residual, out_sum=h1_sum)
+            linear(h1_sum, w.gate_up, act, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
+            linear(act, w.down, s, residual=h1, out_sum=s_sum)
+            if w.eagle3:
+                lm_head_topk(s_sum, w.lm_head, k, norm_weight=w.final_norm, eps=w.eps,
+                             token_map=w.token_map, out_p=p, out_index=index)
+            else:
+                lm_head_topk(s, w.lm_head, k, token_map=w.token_map, out_p=p, out_index=index)
+            hidden = s
+            draft_select(step + 1, S, p, index, *tree)
+
+        top_scores_index = new(bs, self.num_draft_tokens - 1, dtype=torch.int64)
+        draft_tokens = torch.empty_like(top_scores_index)
+        draft_organize(all_scores, all_tokens, top_scores_index, draft_tokens)
+        return parent_list, top_scores_index, draft_tokens, all_scores

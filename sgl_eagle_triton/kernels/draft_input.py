@@ -1,0 +1,106 @@
+"""Input rows of a draft step: embedding gather, hidden gather and (EAGLE-3) the two input RMSNorms.
+
+Row ``r`` of the step reads token ``input_ids[r]`` (target vocabulary) and the carried hidden state
+``hidden[hidden_rows[r]]`` (the frontier's parent row, picked by the previous selection). It writes
+``x[r] = [rms(embed[t]) * w_in, rms(h) * w_hidden]`` (EAGLE-3 midlayer input) or ``[embed[t], h]`` (EAGLE-1
+``fc`` input), and for EAGLE-3 the residual ``h`` (the layer's residual stream starts at the hidden state).
+One program per row; RMSNorm as SGLang computes it: fp32, ``x * rsqrt(mean(x^2) + eps) * w``, rounded to bf16.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.bf16 import to_bf16
+
+
+@triton.jit
+def _rms_inv(src, H: tl.constexpr, eps, BLOCK: tl.constexpr):
+    """``rsqrt(mean(src[:H]^2) + eps)`` of one row (fp32)."""
+    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK):
+        cols = h0 + tl.arange(0, BLOCK)
+        v = tl.load(src + cols, mask=cols < H, other=0.0).to(tl.float32)
+        sum_sq += v * v
+    return tl.rsqrt(tl.sum(sum_sq, axis=0) / H + eps)
+
+
+@triton.jit
+def _draft_input_kernel(
+    input_ids_ptr,
+    embed_ptr,
+    hidden_ptr,
+    stride_hidden,
+    hidden_rows_ptr,
+    x_ptr,
+    residual_ptr,
+    input_norm_ptr,
+    hidden_norm_ptr,
+    eps,
+    H: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    token = tl.load(input_ids_ptr + r).to(tl.int64)
+    emb = embed_ptr + token * H
+    hid = hidden_ptr + tl.load(hidden_rows_ptr + r).to(tl.int64) * stride_hidden
+    x_row = x_ptr + r * (2 * H)
+    if NORM:
+        inv_e = _rms_inv(emb, H, eps, BLOCK)
+        inv_h = _rms_inv(hid, H, eps, BLOCK)
+    for h0 in range(0, H, BLOCK):
+        cols = h0 + tl.arange(0, BLOCK)
+        ok = cols < H
+        e = tl.load(emb + cols, mask=ok, other=0.0)
+        h = tl.load(hid + cols, mask=ok, other=0.0)
+        if NORM:
+            tl.store(residual_ptr + r * H + cols, h, mask=ok)
+            w_e = tl.load(input_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            w_h = tl.load(hidden_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            e = to_bf16(e.to(tl.float32) * inv_e * w_e)
+            h = to_bf16(h.to(tl.float32) * inv_h * w_h)
+        tl.store(x_row + cols, e, mask=ok)
+        tl.store(x_row + H + cols, h, mask=ok)
+
+
+def draft_input(
+    input_ids: torch.Tensor,
+    embed: torch.Tensor,
+    hidden: torch.Tensor,
+    hidden_rows: torch.Tensor,
+    x: torch.Tensor,
+    *,
+    residual: torch.Tensor | None = None,
+    input_norm: torch.Tensor | None = None,
+    hidden_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """Fill ``x [R, 2H] bf16`` (and ``residual [R, H] bf16`` with the norms) for ``R = input_ids.numel()`` rows.
+
+    input_ids: [R] int (target ids); embed: [V, H] bf16 contiguous; hidden: [*, H] bf16 (unit column
+    stride); hidden_rows: [R] int (row of ``hidden`` per step row); input_norm / hidden_norm: [H] bf16, both
+    or neither (EAGLE-3 vs EAGLE-1). Returns ``x``.
+    """
+    R = input_ids.numel()
+    H = embed.shape[1]
+    norm = input_norm is not None
+    assert norm == (hidden_norm is not None) == (residual is not None)
+    assert x.shape[1] == 2 * H and x.is_contiguous() and hidden.stride(1) == 1
+    _draft_input_kernel[(R,)](
+        input_ids,
+        embed,
+        hidden,
+        hidden.stride(0),
+        hidden_rows,
+        x,
+        residual if norm else x,
+        input_norm if norm else x,
+        hidden_norm if norm else x,
+        eps,
+        H=H,
+        NORM=norm,
+        BLOCK=min(1024, triton.next_power_of_2(H)),
+        num_warps=4,
+    )
+    return x

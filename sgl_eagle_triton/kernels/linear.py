@@ -1,0 +1,164 @@
+"""Skinny linear layer of the fused drafter: ``out = epilogue(prologue(x) @ weight.T)``.
+
+The draft forward multiplies a few rows (``batch * topk``) by weight matrices of tens to hundreds of MB, so
+it is bound by reading the weight once. The grid splits the output columns finely enough that every SM
+streams its own slice of the weight; each program keeps its rows of ``x`` (a few KB) hot in L1/L2.
+
+Prologue (optional): RMSNorm of ``x`` with ``norm_weight``, computed in fp32 and rounded to bf16 per
+element as SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``).
+Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output):
+``bias`` (added in fp32 before rounding, as a cuBLAS bias epilogue does), ``silu_mul`` (``weight`` holds
+``[gate; up]`` of ``2 * N`` rows, ``out = silu(gate) * up`` in fp32, rounded), ``residual``
+(``out = rnd(y + residual)``; ``out_sum`` optionally receives the unrounded fp32 sum, which SGLang's fused
+add-RMSNorm normalises).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,
+    stride_x,
+    w_ptr,
+    bias_ptr,
+    norm_w_ptr,
+    res_ptr,
+    stride_res,
+    out_ptr,
+    stride_out,
+    sum_ptr,
+    M,
+    N,
+    eps,
+    K: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)  # row tiles sharing a weight tile run side by side: it is read from HBM once
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
+
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            sum_sq += tl.sum(xv * xv, axis=1)
+        rstd = tl.rsqrt(sum_sq / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SILU_MUL:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if NORM:
+            nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            xv = xv.to(tl.float32) * rstd[:, None] * nw[None, :]
+        xv = to_bf16(xv.to(tl.float32))
+        wv = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = mma(xv, tl.trans(wv), acc)
+        if SILU_MUL:
+            wu = tl.load(w_rows + N * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc_up = mma(xv, tl.trans(wu), acc_up)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y = to_bf16(acc).to(tl.float32)
+    if SILU_MUL:
+        up = to_bf16(acc_up).to(tl.float32)
+        y = to_bf16(y / (1.0 + tl.exp(-y)) * up).to(tl.float32)
+    ok = row_ok[:, None] & col_ok[None, :]
+    if ADD_RESIDUAL:
+        res = tl.load(res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :], mask=ok, other=0.0)
+        y = y + res.to(tl.float32)
+        if WRITE_SUM:
+            tl.store(sum_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], y, mask=ok)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], to_bf16(y), mask=ok)
+
+
+def _blocks(M: int, N: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: rows in as few tiles as possible, columns split until ~128+ programs."""
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+    m_tiles = triton.cdiv(M, block_m)
+    block_n = 128 if block_m == 64 else 64
+    while block_n > 16 and triton.cdiv(N, block_n) * m_tiles < 128:
+        block_n //= 2
+    return block_m, block_n
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    silu_mul: bool = False,
+    residual: torch.Tensor | None = None,
+    out_sum: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out [M, N] bf16 = epilogue(prologue(x) @ weight.T)`` (see the module docstring).
+
+    x: [M, K] bf16 or fp32 (row stride free, unit column stride); weight: [N, K] bf16 contiguous
+    (``[2N, K]`` with ``silu_mul``); bias: [N]; norm_weight: [K]; residual: [M, N] bf16 (unit column
+    stride); out_sum: [M, N] fp32 contiguous. Returns ``out``.
+    """
+    M, K = x.shape
+    N = out.shape[1]
+    assert weight.shape == ((2 * N if silu_mul else N), K) and weight.is_contiguous()
+    assert x.stride(1) == 1 and out.stride(1) == 1
+    assert out_sum is None or residual is not None, "out_sum is the residual epilogue's fp32 sum"
+    block_m, block_n = _blocks(M, N)
+    block_k = 128
+    # Pipeline as deep as shared memory allows (H100: 227 KB per block); one stage holds an x tile and
+    # one (two with silu_mul) weight tiles.
+    stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
+    num_stages = max(1, min(4, 200_000 // stage_bytes))
+    dummy = out
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    _linear_kernel[grid](
+        x,
+        x.stride(0),
+        weight,
+        bias if bias is not None else dummy,
+        norm_weight if norm_weight is not None else dummy,
+        residual if residual is not None else dummy,
+        residual.stride(0) if residual is not None else 0,
+        out,
+        out.stride(0),
+        out_sum if out_sum is not None else dummy,
+        M,
+        N,
+        eps,
+        K=K,
+        NORM=norm_weight is not None,
+        HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        ADD_RESIDUAL=residual is not None,
+        WRITE_SUM=out_sum is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
+        num_stages=num_stages,
+    )
+    return out

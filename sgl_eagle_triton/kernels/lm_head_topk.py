@@ -1,0 +1,234 @@
+"""The fused drafter's last step: LM head, softmax and top-k in two kernels; the logits never reach memory.
+
+Kernel 1, grid ``(cdiv(R, BLOCK_R), cdiv(V, BLOCK_V))``, one program per block of rows and ``BLOCK_V``-wide
+vocabulary tile: the tile's logits in registers (RMSNorm, if any, applied to ``x`` as it is loaded; ``tl.dot``
+over ``H``; rounded to bf16 as SGLang's bf16 GEMM output), then per row the tile's ``sum(exp(logit - tile max))``
+and its top ``TOPK`` candidates, best first, to scratch. Row blocks are the fastest grid axis, so the programs
+that share a weight tile run together and re-read it from L2 rather than HBM.
+
+Kernel 2, grid ``(R,)``: per row, the max ``M`` of the tile maxima and ``S = sum_t sum_t * exp(max_t - M)``.
+The top-k lie among the candidates of the ``TOPK`` tiles with the largest maxima (a tile outside them has
+``TOPK`` tile maxima above its best), so after ``TOPK`` rounds over the tile maxima only ``TOPK**2``
+candidates are merged; ``p = exp(logit - M) / S``.
+
+A candidate is one int64 key: the order-preserving int32 image of its fp32 logit in the high half,
+``2**32 - 1 - id`` in the low half. Keys are unique and a larger key is a larger logit or, on equal logits,
+the lower id, so each top-k round is one max. (A -0 logit, which needs every product of its sum to be -0,
+would rank below +0.)
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+
+VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
+KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
+LOW_MASK = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def _encode(logits, ids):
+    """int64 keys of fp32 ``logits`` and their int32 vocabulary ``ids`` (see the module docstring)."""
+    bits = logits.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (LOW_MASK - ids.to(tl.int64))
+
+
+@triton.jit
+def _decode(keys):
+    """(fp32 logit, int64 vocabulary id) of int64 ``keys``."""
+    ordered = (keys >> 32).to(tl.int32)
+    logits = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return logits, LOW_MASK - (keys & LOW_MASK)
+
+
+@triton.jit
+def _lm_head_tile_kernel(
+    x_ptr,
+    x_row_stride,
+    weight_ptr,
+    norm_weight_ptr,
+    key_ptr,
+    sum_ptr,
+    R,
+    eps,
+    V: tl.constexpr,
+    H: tl.constexpr,
+    TOPK: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    NUM_TILES: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
+    tile = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    vocab = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    ks = tl.arange(0, BLOCK_K)
+    # Rows past R and vocabulary past V load clamped (unmasked loads); their results are dropped below.
+    x_rows = x_ptr + tl.minimum(rows, R - 1).to(tl.int64)[:, None] * x_row_stride + ks[None, :]
+    w_rows = weight_ptr + tl.minimum(vocab, V - 1).to(tl.int64)[:, None] * H + ks[None, :]
+
+    if HAS_NORM:
+        sum_sq = tl.zeros([BLOCK_R], tl.float32)
+        for k in range(0, H, BLOCK_K):
+            xk = tl.load(x_rows + k).to(tl.float32)
+            sum_sq += tl.sum(xk * xk, axis=1)
+        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, H) + eps))
+
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+    for k in range(0, H, BLOCK_K):
+        z = tl.load(x_rows + k).to(tl.float32)
+        if HAS_NORM:
+            z = (z * rstd[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
+        acc = mma(to_bf16(z), tl.trans(tl.load(w_rows + k)), acc)
+
+    logits = tl.where(vocab[None, :] < V, to_bf16(acc).to(tl.float32), float("-inf"))
+    tile_max = tl.max(logits, axis=1)
+    tile_sum = tl.sum(tl.exp(logits - tile_max[:, None]), axis=1)
+    keys = tl.where(vocab[None, :] < V, _encode(logits, vocab[None, :]), KEY_MIN)
+
+    live = rows < R
+    tl.store(sum_ptr + rows * NUM_TILES + tile, tile_sum, mask=live)
+    key_out = key_ptr + rows.to(tl.int64) * (TOPK * NUM_TILES) + tile
+    for j in tl.static_range(TOPK):
+        best = tl.max(keys, axis=1)
+        tl.store(key_out + j * NUM_TILES, best, mask=live)
+        keys = tl.where(keys == best[:, None], KEY_MIN, keys)
+
+
+@triton.jit
+def _merge_kernel(
+    key_ptr,
+    sum_ptr,
+    token_map_ptr,
+    out_p_ptr,
+    out_index_ptr,
+    V: tl.constexpr,
+    TOPK: tl.constexpr,
+    HAS_MAP: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    TOPK_P2: tl.constexpr,
+):
+    NUM_TILES: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
+    row = tl.program_id(0).to(tl.int64)
+    row_keys = key_ptr + row * (TOPK * NUM_TILES)
+    tiles = tl.arange(0, BLOCK_T)
+    is_tile = tiles < NUM_TILES
+    heads = tl.load(row_keys + tiles, mask=is_tile, other=KEY_MIN)  # each tile's best candidate
+    tile_sum = tl.load(sum_ptr + row * NUM_TILES + tiles, mask=is_tile, other=0.0)
+    row_max, _ = _decode(tl.max(heads, axis=0))
+    tile_max, _ = _decode(heads)
+    total = tl.sum(tl.where(is_tile, tile_sum * tl.exp(tile_max - row_max), 0.0), axis=0)
+
+    # The TOPK tiles with the largest maxima, then the top TOPK of their candidates.
+    ranks = tl.arange(0, TOPK_P2)
+    top_tiles = tl.zeros([TOPK_P2], tl.int64)
+    for j in tl.static_range(TOPK):
+        best = tl.max(heads, axis=0)
+        top_tiles = tl.where(ranks == j, _decode(best)[1] // BLOCK_V, top_tiles)
+        heads = tl.where(heads == best, KEY_MIN, heads)
+    pick = (ranks[:, None] < min(TOPK, NUM_TILES)) & (ranks[None, :] < TOPK)
+    cand = tl.load(row_keys + ranks[None, :] * NUM_TILES + top_tiles[:, None], mask=pick, other=KEY_MIN)
+    top_keys = tl.zeros([TOPK_P2], tl.int64)
+    for j in tl.static_range(TOPK):
+        best = tl.max(tl.max(cand, axis=1), axis=0)
+        top_keys = tl.where(ranks == j, best, top_keys)
+        cand = tl.where(cand == best, KEY_MIN, cand)
+
+    logit, ids = _decode(top_keys)
+    out = ranks < TOPK
+    if HAS_MAP:
+        ids = tl.load(token_map_ptr + ids, mask=out, other=0)
+    tl.store(out_p_ptr + row * TOPK + ranks, tl.exp(logit - row_max) / total, mask=out)
+    tl.store(out_index_ptr + row * TOPK + ranks, ids, mask=out)
+
+
+def lm_head_topk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    topk: int,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    token_map: torch.Tensor | None = None,
+    out_p: torch.Tensor | None = None,
+    out_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``x``: the ``topk`` most probable tokens of ``softmax(lm_head(z))``, most probable first.
+
+    Args:
+        x:           [R, H] bf16, or fp32 (e.g. the unrounded residual sum that SGLang's fused add-RMSNorm
+                     normalises); unit column stride, any row stride; H a multiple of 16.
+        weight:      [V, H] bf16, contiguous (``nn.Linear`` layout: the LM head over the draft vocabulary).
+        topk:        1 .. min(16, V).
+        norm_weight: optional [H] bf16, contiguous: ``z = RMSNorm(x)`` as SGLang's (fp32 ``(x * rstd) * w``
+                     rounded to bf16, ``rstd = 1 / sqrt(mean(x**2) + eps)``); without it ``z = x`` (in bf16).
+        token_map:   optional [V] int64, contiguous: the ids returned are ``token_map[id]`` (EAGLE-3's
+                     ``hot_token_id``).
+        out_p, out_index: optional contiguous [R, topk] fp32 / int64 results (allocated when None).
+
+    Logits are ``z @ weight.T`` summed in fp32 and rounded to bf16 (SGLang's bf16 GEMM), ``p = softmax(logits)``
+    in fp32. Returns ``(topk_p, topk_index)`` ranked by logit (so by ``p``), the lower id first on equal
+    logits; ``sgl_eagle_triton.reference.lm_head_topk`` spells it out.
+
+    V and H are compile-time constants (one compilation per model). CUDA-graph safe: grids depend on R, V
+    and H only, no host sync; scratch of ``R * cdiv(V, 64) * (8 * topk + 4)`` bytes from ``torch.empty``.
+    """
+    R, H = x.shape
+    V = weight.shape[0]
+    assert x.dtype in (torch.bfloat16, torch.float32) and x.stride(1) == 1 and H % 16 == 0
+    assert weight.dtype == torch.bfloat16 and weight.shape == (V, H) and weight.is_contiguous()
+    assert 1 <= topk <= min(16, V)
+    if norm_weight is not None:
+        assert norm_weight.shape == (H,) and norm_weight.is_contiguous()
+    if token_map is not None:
+        assert token_map.shape == (V,) and token_map.dtype == torch.int64 and token_map.is_contiguous()
+    if out_p is None:
+        out_p = torch.empty((R, topk), dtype=torch.float32, device=x.device)
+    if out_index is None:
+        out_index = torch.empty((R, topk), dtype=torch.int64, device=x.device)
+    assert out_p.shape == out_index.shape == (R, topk) and out_p.is_contiguous() and out_index.is_contiguous()
+    assert out_p.dtype == torch.float32 and out_index.dtype == torch.int64
+
+    block_r = 16 if R <= 16 else 32 if R <= 32 else 64
+    block_k = min(H & -H, 128 if block_r < 64 else 64)  # the largest power of two dividing H, capped
+    num_tiles = triton.cdiv(V, VOCAB_TILE)
+    keys = torch.empty((R, topk, num_tiles), dtype=torch.int64, device=x.device)
+    sums = torch.empty((R, num_tiles), dtype=torch.float32, device=x.device)
+    _lm_head_tile_kernel[(triton.cdiv(R, block_r), num_tiles)](
+        x,
+        x.stride(0),
+        weight,
+        norm_weight if norm_weight is not None else x,
+        keys,
+        sums,
+        R,
+        eps,
+        V=V,
+        H=H,
+        TOPK=topk,
+        HAS_NORM=norm_weight is not None,
+        BLOCK_R=block_r,
+        BLOCK_V=VOCAB_TILE,
+        BLOCK_K=block_k,
+        num_warps=4,
+        num_stages=4,
+    )
+    _merge_kernel[(R,)](
+        keys,
+        sums,
+        token_map if token_map is not None else keys,
+        out_p,
+        out_index,
+        V=V,
+        TOPK=topk,
+        HAS_MAP=token_map is not None,
+        BLOCK_V=VOCAB_TILE,
+        BLOCK_T=triton.next_power_of_2(max(num_tiles, 16)),
+        TOPK_P2=triton.next_power_of_2(max(topk, 2)),
+        num_warps=4,
+    )
+    return out_p, out_index

@@ -1,0 +1,58 @@
+"""PyTorch twin of :class:`sgl_eagle_triton.drafter.FusedDrafter`: SGLang's EAGLE draft of one decode
+cycle (``select_top_k_tokens`` / draft forward per step, ``organize_draft_results``), composed from the
+per-op twins. Takes the same :class:`~sgl_eagle_triton.drafter.DraftWeights`."""
+
+import torch
+
+from sgl_eagle_triton.reference.draft_attention import draft_attention
+from sgl_eagle_triton.reference.draft_select import organize, select_step
+from sgl_eagle_triton.reference.linear import linear, rms_norm
+from sgl_eagle_triton.reference.lm_head_topk import lm_head_topk
+
+
+def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v):
+    """One draft forward: ``(topk_p [R, k], topk_index [R, k] target ids, new hidden [R, H])``.
+
+    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens) as for the attention twin."""
+    embeds = w.embed[input_ids]
+    if w.eagle3:
+        residual = hidden
+        x = torch.cat((rms_norm(embeds, w.input_norm, w.eps), rms_norm(hidden, w.hidden_norm, w.eps)), dim=-1)
+    else:
+        x, _ = linear(torch.cat((embeds, hidden), dim=-1), w.fc, bias=w.fc_bias)
+        residual = x
+    qkv, _ = linear(x, w.qkv, bias=w.qkv_bias)
+    attn = torch.empty(qkv.shape[0], w.num_q_heads * w.head_dim, dtype=torch.bfloat16, device=qkv.device)
+    draft_attention(qkv, positions, w.rotary.cos_sin_cache, *kv[:3], kv[3], kv[4], chain_k, chain_v, step, topk,
+                    w.num_q_heads, w.num_kv_heads, w.head_dim, w.head_dim**-0.5, attn)
+    h1, h1_sum = linear(attn, w.o_proj, bias=w.o_bias, residual=residual)
+    act, _ = linear(h1_sum, w.gate_up, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
+    s, s_sum = linear(act, w.down, residual=h1)
+    if w.eagle3:
+        p, index = lm_head_topk(s_sum, w.lm_head, topk, norm_weight=w.final_norm, eps=w.eps, token_map=w.token_map)
+    else:
+        p, index = lm_head_topk(s, w.lm_head, topk, token_map=w.token_map)
+    return p, index, s
+
+
+def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv):
+    """``(parent_list, top_scores_index, draft_tokens, all_scores)`` and ``positions`` advanced by ``S - 1`` in place;
+    arguments as :meth:`FusedDrafter.draft` with kv = (k_cache, v_cache, req_to_token, req_pool_indices,
+    seq_lens)."""
+    bs = topk_p.shape[0]
+    chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
+                          device=hidden.device)
+    chain_v = torch.empty_like(chain_k)
+    p, index = topk_p, (w.token_map[topk_index] if w.token_map is not None else topk_index)
+    scores, score_list, token_list, parents_list = None, [], [], []
+    for step in range(num_steps):
+        input_ids, hidden_rows, scores, cand_scores, cand_tokens, parents = select_step(step, p, index, scores, topk)
+        score_list.append(cand_scores)
+        token_list.append(cand_tokens)
+        parents_list.append(parents)
+        if step == num_steps - 1:
+            break
+        p, index, hidden = draft_step(w, input_ids, hidden[hidden_rows], positions + step, step, topk, kv,
+                                      chain_k, chain_v)
+    positions += num_steps - 1
+    return (*organize(score_list, token_list, parents_list, num_draft_tokens), torch.cat(score_list, dim=1))

@@ -1,0 +1,28 @@
+"""PyTorch twin of :mod:`sgl_eagle_triton.kernels.linear`: the drafter's linear layer with its fused
+RMSNorm prologue and bias / SiLU-and-mul / residual epilogues, in SGLang's rounding order."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """SGLang's RMSNorm: fp32 ``x * rsqrt(mean(x^2) + eps) * weight``, rounded to bf16."""
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+
+
+def linear(x, weight, *, bias=None, norm_weight=None, eps=0.0, silu_mul=False, residual=None):
+    """``(out [M, N] bf16, sum [M, N] fp32 or None)``; shapes as in the kernel's launcher."""
+    x = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(torch.bfloat16)
+    acc = x.float() @ weight.float().T
+    if bias is not None:
+        acc = acc + bias.float()
+    y = acc.to(torch.bfloat16).float()
+    if silu_mul:
+        gate, up = y.chunk(2, dim=-1)
+        y = (F.silu(gate) * up).to(torch.bfloat16).float()
+    total = None
+    if residual is not None:
+        total = y + residual.float()
+        y = total
+    return y.to(torch.bfloat16), total

@@ -1,0 +1,83 @@
+"""The fused drafter (``FusedDrafter.draft``: the whole draft of a decode cycle) against its PyTorch twin
+on random one-layer EAGLE-3 and EAGLE-1 drafts, with a scattered paged KV prefix of ragged lengths."""
+
+import pytest
+import torch
+
+from sgl_eagle_triton.drafter import FusedDrafter
+from sgl_eagle_triton.reference import drafter as ref
+from sgl_eagle_triton.reference.random_draft import random_draft
+from tests.conftest import requires_cuda
+
+NEAR_TIE = 0.06  # relative probability gap of two logits one bf16 ulp apart (|logit| <= ~8)
+
+
+def run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=0, max_differing=0.5, **dims):
+    w, gen = random_draft(eagle3, device, seed=seed, **dims)
+    H, Hkv, D = w.hidden_size, w.num_kv_heads, w.head_dim
+    ctx = max(seq_lens) + topk * steps + 4
+    slots = 1 + (bs + 1) * ctx  # slot 0 is SGLang's padding slot; every request owns scattered slots
+    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
+    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
+    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().to(device)
+    req_pool_indices = (torch.randperm(bs, generator=gen) + 1).to(device)
+    seq_lens_t = torch.tensor(seq_lens, device=device)
+    vd = w.lm_head.shape[0]
+    topk_p = torch.rand(bs, topk, generator=gen).sort(dim=-1, descending=True).values.to(device)
+    topk_index = torch.stack([torch.randperm(vd, generator=gen)[:topk] for _ in range(bs)]).to(device)
+    hidden = torch.randn(bs, H, generator=gen).to(torch.bfloat16).to(device)
+    positions = seq_lens_t.repeat_interleave(topk)
+
+    drafter = FusedDrafter(w, topk, steps, n, k_cache, v_cache, req_to_token)
+    ours_positions = positions.clone()
+    ours = drafter.draft(topk_p, topk_index, hidden, ours_positions, seq_lens_t, req_pool_indices)
+    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_t)
+    ref_positions = positions.clone()
+    expected = ref.draft(w, topk, steps, n, topk_p, topk_index, hidden, ref_positions, kv)
+    same = torch.ones(bs, dtype=torch.bool, device=device)
+    for got, want in zip(ours[:3], expected[:3]):
+        same &= (got == want).all(dim=1) if got.numel() else same
+    # The attention kernel rounds its softmax weights to bf16 (as flash attention does) where the twin keeps
+    # fp32, so a bf16 logit may round to its neighbour: two tokens whose logits are one bf16 ulp apart
+    # (probabilities a few % apart) may swap, and any probability may move by such a rounding flip (a few %
+    # per step of a cumulative score). A tree may differ only after a near-tie; scores, compared as sets
+    # since a swap permutes them, agree to within those flips.
+    # (With topk 1 the runner-up token is no candidate, so its near-tie leaves no trace in the scores.)
+    for b in (~same).nonzero().flatten().tolist() if topk > 1 else []:
+        ref_sorted = expected[3][b].double().sort(descending=True).values
+        assert ((ref_sorted[:-1] - ref_sorted[1:]) / ref_sorted[:-1]).min() < NEAR_TIE, f"request {b}: no near-tie"
+    assert (~same).sum() <= max(1, max_differing * bs)
+    # Every request agrees on its first two steps' candidates (no frontier choice precedes them), the
+    # requests with equal trees on all of them.
+    first = topk + topk * topk if steps > 1 else topk
+    for rows, width in ((same, ours[3].shape[1]), (~same, first)):
+        if rows.any():
+            ours_sorted = ours[3][rows, :width].sort(dim=-1).values
+            ref_sorted = expected[3][rows, :width].sort(dim=-1).values
+            rel = (ours_sorted - ref_sorted).abs() / ref_sorted.abs().clamp_min(1e-30)
+            assert rel.max() < 0.15 and rel.median() < 1e-2
+    assert torch.equal(ours_positions, ref_positions)
+
+
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+@pytest.mark.parametrize(
+    "bs,topk,steps,n,seq_lens",
+    [
+        (1, 1, 1, 2, [5]),
+        (1, 1, 3, 4, [7]),
+        (2, 4, 3, 8, [1, 17]),
+        (3, 2, 4, 7, [9, 3, 30]),
+        (1, 8, 2, 16, [12]),
+    ],
+)
+def test_fused_draft_matches_twin(device, eagle3, bs, topk, steps, n, seq_lens):
+    run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=bs * 10 + topk + steps)
+
+
+@requires_cuda
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+@pytest.mark.parametrize("bs,topk,steps,n", [(1, 8, 5, 32), (4, 4, 3, 16), (8, 1, 5, 6)])
+def test_cuda_llama_like_dims(eagle3, bs, topk, steps, n):
+    lens = [100 + 997 * i % 3000 for i in range(bs)]
+    run_case("cuda", eagle3, bs, topk, steps, n, lens, max_differing=0.25, H=512, Hq=8, Hkv=2, D=64, inter=1024,
+             vocab=4000, draft_vocab=2000)

@@ -1,0 +1,75 @@
+"""Triton skinny ``linear`` (drafter GEMMs with fused norm prologue and epilogues) against its PyTorch twin."""
+
+import pytest
+import torch
+
+from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.reference.linear import linear as linear_ref
+from tests.conftest import requires_cuda
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def run_case(device, M, N, K, *, bias=False, norm=False, silu_mul=False, residual=False, x_fp32=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+    x = rand(M, K + 3, dtype=torch.float32 if x_fp32 else torch.bfloat16)[:, :K]  # row stride > K
+    w = rand(2 * N if silu_mul else N, K, scale=K**-0.5)
+    kwargs = dict(
+        bias=rand(N) if bias else None,
+        norm_weight=rand(K) + 1 if norm else None,
+        eps=1e-5,
+        silu_mul=silu_mul,
+        residual=rand(M, N) if residual else None,
+    )
+    out = torch.empty(M, N, dtype=torch.bfloat16, device=device)
+    out_sum = torch.empty(M, N, dtype=torch.float32, device=device) if residual else None
+    linear(x, w, out, out_sum=out_sum, **kwargs)
+    expected, expected_sum = linear_ref(x, w, **kwargs)
+    assert rel_err(out, expected) < 1e-2
+    if residual:
+        assert rel_err(out_sum, expected_sum) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 5, 16, 37])
+@pytest.mark.parametrize("N,K", [(24, 32), (100, 200)])
+def test_plain(device, M, N, K):
+    run_case(device, M, N, K)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(bias=True),
+        dict(norm=True),
+        dict(norm=True, x_fp32=True),
+        dict(norm=True, silu_mul=True),
+        dict(residual=True),
+        dict(bias=True, residual=True),
+    ],
+    ids=lambda f: "-".join(f),
+)
+@pytest.mark.parametrize("M", [1, 20])
+def test_fused_variants(device, M, flags):
+    run_case(device, M, 72, 96, **flags)
+
+
+@requires_cuda
+@pytest.mark.parametrize("M", [1, 8, 64, 256])
+@pytest.mark.parametrize(
+    "N,K,flags",
+    [
+        (6144, 8192, {}),  # EAGLE-3 qkv over [embed; hidden]
+        (4096, 4096, dict(residual=True)),  # o_proj + residual
+        (14336, 4096, dict(norm=True, x_fp32=True, silu_mul=True)),  # gate_up
+        (4096, 14336, dict(residual=True)),  # down_proj + residual
+        (4096, 8192, dict(bias=True)),  # EAGLE-1 fc
+    ],
+)
+def test_llama8b_draft_shapes(M, N, K, flags):
+    run_case("cuda", M, N, K, **flags)
