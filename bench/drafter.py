@@ -26,17 +26,12 @@ from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.reference.random_draft import random_draft
 
+from kernels import copy_bandwidth  # bench/kernels.py, beside this script
+
 DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32]
 PREFIX = 1024
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3)
 
 
 def graph_us(fn) -> float:
