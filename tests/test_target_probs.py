@@ -212,6 +212,49 @@ def test_threshold_below_search_floor(device, top_k, min_p):
     assert ((got > 0) & (got < 2.0**-32)).any()
 
 
+@pytest.mark.parametrize("vocab", [64, 12288])
+def test_search_that_needs_every_pass(device, vocab):
+    """The top-k boundary between two logits one float32 ulp apart, at e = exp(l - max) below 2**-32: the
+    search goes below its floor, then narrows the bracket down to one key. Under the interpreter's exactly
+    rounded exp this takes all ``MAX_PASSES`` passes (one fewer keeps both tokens). 12288 tokens: the row is
+    split over programs, one launch per pass. The keys are 16 apart: GPU exp may merge them."""
+    if device != "cpu":
+        pytest.skip("needs exactly rounded float32 exp (the interpreter's)")
+    l1 = torch.tensor(-24.11)
+    cols = [5, 7000, 11, 9000, 3000, 12000, 63, 6144, 12286] if vocab > 64 else list(range(9))
+    row = torch.full((vocab,), -60.0)
+    row[cols] = torch.tensor([0.0, -1.0, -1.8, -2.6, -3.4, -4.2, -5.0, l1, torch.nextafter(l1, torch.tensor(-30.0))])
+    args = (row.repeat(2, 1), torch.ones(2), torch.tensor([8, 8], dtype=torch.int32), torch.ones(2), torch.zeros(2), 1)
+    got = check(device, args)
+    assert (got > 0).sum(-1).tolist() == [8, 8]
+
+
+def test_rows_split_over_programs(device):
+    """Rows of 12288 tokens, split over three programs: the first argmax across slices, a slice of -inf
+    logits only, min-p only (one settling pass) and keep-all rows, and searched rows."""
+    vocab = 12288
+    params = [(1.0, 1, 1.0, 0.0), (0.9, ALL, 0.9, 0.0), (0.7, 50, 1.0, 0.05), (1.2, ALL, 1.0, 0.1),
+              (1.0, ALL, 1.0, 0.0), (0.8, 20, 0.8, 0.02)]
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for b, (temperature, top_k, top_p, min_p) in enumerate(params):
+        while True:
+            row = torch.randn(vocab, generator=gen) * 3
+            if b == 0:
+                row[[5000, 9000, 12000]] = row.max() + 1.0  # tied maxima in the second and third slices
+            if b == 1:
+                row[:4096] = float("-inf")  # the whole first slice masked
+            if not ambiguous(row, temperature, top_k, top_p, min_p):
+                break
+        rows.append(row)
+    temperatures, top_ks, top_ps, min_ps = zip(*params)
+    args = (torch.stack(rows), torch.tensor(temperatures), torch.tensor(top_ks, dtype=torch.int32),
+            torch.tensor(top_ps), torch.tensor(min_ps), 1)
+    got = check(device, args)
+    assert torch.equal(got[0], torch.zeros(vocab).index_fill_(0, torch.tensor([5000]), 1.0))
+    assert (got[1, :4096] == 0).all() and (got[4] > 0).all()
+
+
 def sglang_nonspec_keep(probs, top_ks, top_ps, min_ps):
     """The tokens SGLang's ``top_k_top_p_min_p_sampling_from_probs_torch`` (sglang/srt/layers/sampler.py,
     need_min_p_sampling=True) leaves non-zero: its masking lines, verbatim, on sorted probabilities."""

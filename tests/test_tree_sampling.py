@@ -276,6 +276,34 @@ def test_all_zero_residual_samples_last_token(device, vocab):
     assert predicts[[0, 2]].tolist() == [5, vocab - 1]
 
 
+def test_correction_token_across_slices(device):
+    """Rows of 20000 tokens, whose residual sums and prefix scans are split over five programs of 4096
+    tokens: both children (0.25 each, in two slices) rejected, the correction token drawn with final coins
+    landing in each slice, and with ``u * sum(r)`` exactly the prefix sum at a slice's end (``sum(r)`` is
+    0.5), where it is the first positive token of the next slice."""
+    vocab, slice_len, children = 20000, 4096, (4100, 15000)
+    gen = torch.Generator().manual_seed(0)
+    row = torch.rand(vocab, generator=gen, dtype=torch.float64)
+    row[list(children)] = 0
+    row[8192:8200] = 0  # the slice after the second boundary starts with zeros
+    row = quantize(0.5 * row / row.sum()).double()
+    row[7] += 0.5 - row.sum()  # exact multiples of 2**-20: r sums to 0.5, every prefix sum is exact
+    row[list(children)] = 0.25
+    residual = row.clone()
+    residual[list(children)] = 0
+    prefix = residual.cumsum(0)
+    ends = [slice_len * (s + 1) - 1 for s in range(4)]
+    final_coins = [2 * prefix[end].item() for end in ends] + [0.1, 0.3, 0.5, 0.7, 0.9, ULP_BELOW_ONE]
+    cases = [two_children_case(vocab, children, row, 0.75, coin) for coin in final_coins]
+    inputs = [torch.cat(parts) for parts in zip(*cases)]
+    inputs[1] += 3 * torch.arange(len(cases))[:, None]  # retrieve_index: each request its own flat positions
+    predicts, _, accept_token_num = check(random.Random(4), device, 2, tuple(inputs))
+    assert (accept_token_num == 0).all()
+    for b, end in enumerate(ends):
+        assert predicts[3 * b].item() == end + 1 + int((residual[end + 1:] > 0).int().argmax())
+    assert len({predicts[3 * b].item() // slice_len for b in range(len(cases))}) == 5
+
+
 # Acceptance boundaries where sgl-kernel 0.4.5 (`coin <= acc / threshold_acc || q >= threshold_single`) and the
 # strict rule (`q > 0 && (coin < acc / threshold_acc || q >= threshold_single)`) differ:
 # (name, children's probabilities, root coin, (threshold_single, threshold_acc), child accepted by the strict rule).
@@ -405,6 +433,16 @@ def test_matches_sgl_kernel(seed):
 
 
 @requires_cuda
+@pytest.mark.parametrize("bs", [1, 6])
+def test_full_vocab_matches_reference_and_sgl_kernel(bs):
+    """Llama-3's 128256 tokens, the correction token's residual split over 32 programs per request."""
+    rng = random.Random(bs)
+    inputs = make_case(rng, bs, 8, 4, 2, 128256, ("follow", "avoid", "sparse", "dense"), (1, 1, 1, 1))
+    check(rng, "cuda", 4, inputs)
+    matches_sgl_kernel(rng, 4, inputs, (1.0, 1.0))
+
+
+@requires_cuda
 @pytest.mark.parametrize("final_coin", [ULP_BELOW_ONE, 1.0])
 def test_edge_cases_match_sgl_kernel(final_coin):
     """The exact-sum fallback and the all-zero residual, as sgl-kernel does them."""
@@ -438,10 +476,12 @@ def test_boundary_cases_vs_sgl_kernel(case, record_property):
 
 
 @requires_cuda
-def test_cuda_graph_replay():
-    """Captured once, the launch verifies fresh inputs copied into the captured buffers."""
+@pytest.mark.parametrize("vocab", [1000, 20000])
+def test_cuda_graph_replay(vocab):
+    """Captured once, the launches verify fresh inputs copied into the captured buffers (20000 tokens: rows
+    split over programs)."""
     rng = random.Random(0)
-    bs, n, spec_steps, vocab = 4, 16, 5, 1000
+    bs, n, spec_steps = 4, 16, 5
     modes, weights = ("follow", "sparse", "dense"), (0.6, 0.2, 0.2)
     inputs = [t.cuda() for t in make_case(rng, bs, n, spec_steps, 4, vocab, modes, weights)]
     outputs = [t.cuda() for t in poisoned_outputs(rng, bs, n, spec_steps + 1)]

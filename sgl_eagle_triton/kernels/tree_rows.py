@@ -1,8 +1,21 @@
-"""Device helpers shared by the kernels that walk a draft tree held in registers (verify_greedy,
-tree_sampling) or pick from a small register vector (target_probs)."""
+"""Helpers shared by the kernels: device helpers of those that walk a draft tree held in registers
+(verify_greedy, tree_sampling), and how target_probs and tree_sampling split vocabulary rows over programs."""
 
 import triton
 import triton.language as tl
+
+MAX_SPLIT = 32  # programs per vocabulary row at most
+TARGET_PROGRAMS = 264  # programs aimed at in all: two per SM of an H100 / H200 (132 SMs)
+MIN_SLICE = 3072  # tokens per program at least, on average: its fixed cost per pass is about one 2048-chunk's
+
+
+def row_slices(rows: int, vocab: int, block: int) -> tuple[int, int]:
+    """``(split, slice_len)``: programs per row of ``vocab`` tokens, and tokens per program (whole ``block``
+    chunks; the last slice may be shorter, none is empty), so that ``rows * split`` fills the GPU at small
+    batches. E.g. 32 slices of 4096 at V = 128256 up to 8 rows; one program per row from 264 rows up."""
+    chunks = triton.cdiv(vocab, block)
+    per_slice = triton.cdiv(chunks, max(1, min(MAX_SPLIT, triton.cdiv(TARGET_PROGRAMS, rows), vocab // MIN_SLICE)))
+    return triton.cdiv(chunks, per_slice), per_slice * block
 
 
 @triton.jit
