@@ -5,8 +5,9 @@ host, so :mod:`sgl_eagle_triton.config` requires ``--disable-cuda-graph`` with i
 as sets of root-to-node token paths: bf16 logits tie exactly quite often, and ``torch.topk`` orders tied
 siblings its own way, which permutes candidate ids without changing the tree. One JSON line per draft:
 requests with identical trees (as path sets) and with identical candidate ids, the largest relative
-difference of the scores of common paths, and for each differing request the smallest relative gap
-between two of SGLang's candidate scores (a bf16 near-tie is below ``NEAR_TIE``).
+difference of the scores of common paths, the median and largest relative difference of the first
+forward's child scores (one forward's numerics, before any divergence), and for each differing request
+the smallest relative gap between two of SGLang's candidate scores (a bf16 near-tie is below ``NEAR_TIE``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ def _min_rel_gap(scores: torch.Tensor) -> float:
     return gaps.min().item() if gaps.numel() else float("inf")
 
 
+def _first_forward_diff(ours_scores: torch.Tensor, stock_scores: torch.Tensor | None, topk: int):
+    """``[median, max]`` relative difference of the first draft forward's child scores, or None.
+
+    The step-1 candidates ``scores[j] * p[j, c]`` follow one forward from the same input frontier in both
+    drafts (nothing upstream can have diverged), so this isolates one forward's numerics; children are
+    compared sorted within each parent, since tied tokens may be listed in either order."""
+    width = topk + topk * topk
+    if stock_scores is None or stock_scores.shape[1] < width:
+        return None
+    ours = ours_scores[:, topk:width].reshape(-1, topk, topk).sort(dim=-1).values
+    theirs = stock_scores[:, topk:width].reshape(-1, topk, topk).sort(dim=-1).values
+    rel = ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).flatten()
+    return [rel.median().item(), rel.max().item()]
+
+
 def record(path: str, ours, stock, stock_scores: torch.Tensor | None, topk: int) -> dict:
     """Compare ``ours`` = (parent_list, top_scores_index, draft_tokens, all_scores) with SGLang's
     ``stock`` = (parent_list, top_scores_index, draft_tokens, ...) and its candidate scores [bs, T]
@@ -65,6 +81,7 @@ def record(path: str, ours, stock, stock_scores: torch.Tensor | None, topk: int)
         elif stock_scores is not None:
             line["differing_min_rel_gap"].append(_min_rel_gap(stock_scores[b]))
     line["max_rel_score_diff"] = max(errors, default=None)
+    line["first_forward_rel_p_diff"] = _first_forward_diff(ours[3], stock_scores, topk)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
     return line

@@ -18,6 +18,7 @@ def test_sibling_permutation_is_the_same_tree(tmp_path):
     stock_scores = torch.tensor([[0.5, 0.4, 0.2, 0.3, 0.1, 0.05]])
     line = record(str(tmp_path / "c.jsonl"), ours, stock, stock_scores, topk=2)
     assert line["same_tree"] == 1 and line["same_ids"] == 0 and line["max_rel_score_diff"] == 0
+    assert line["first_forward_rel_p_diff"] == [0, 0]  # children of one parent compared as a sorted set
     assert json.loads((tmp_path / "c.jsonl").read_text()) == line
 
 

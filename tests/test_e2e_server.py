@@ -228,7 +228,11 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path, monkeypatch):
               "same_candidate_ids_rate": sum(line["same_ids"] for line in lines) / requests_,
               "differing_trees_max_min_rel_gap": max(gaps, default=None),
               "max_rel_score_diff": max(diffs, default=None),
-              "median_max_rel_score_diff": statistics.median(diffs) if diffs else None}
+              "median_max_rel_score_diff": statistics.median(diffs) if diffs else None,
+              "first_forward_rel_p_diff_median_of_medians": statistics.median(
+                  line["first_forward_rel_p_diff"][0] for line in lines if line["first_forward_rel_p_diff"]),
+              "first_forward_rel_p_diff_max": max(
+                  line["first_forward_rel_p_diff"][1] for line in lines if line["first_forward_rel_p_diff"])}
     print(json.dumps(report, indent=1))
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"draft-check-{pair}.json"), "w") as f:
