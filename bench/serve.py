@@ -13,8 +13,14 @@ Measurement (black box, no host sync inside SGLang): ``batch`` concurrent stream
 requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. Per request, the decode
 time is first streamed token to last; cycles are ``spec_verify_ct`` (speculative) or tokens - 1
 (no speculation). ``cycle_ms`` is the median over requests of decode time / cycles. Prefill is
-excluded; acceptance with random weights is ~1, which changes token ids but not cost. ``draft_ms``
-(the draft phase per cycle) stays null until the in-process CUDA-event breakdown exists.
+excluded; acceptance with random weights is ~1, which changes token ids but not cost.
+
+Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed batch, the same load runs
+again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
+``<workdir>/traces/<server>-b<batch>/`` and ``bench/trace_breakdown.py`` turns it into per-cycle costs of
+SGLang's stages (``draft``, ``verify``, ``draft_extend``: GPU busy time of their kernels, GPU span, CPU
+time). ``draft_ms`` is the draft stage's GPU span per cycle (its GPU busy time where the trace has no span);
+the profiler slows the host, so ``cycle_ms`` always comes from the unprofiled run.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 MAX_NEW_TOKENS, PROMPT_TOKENS = 256, 128
 SYSTEMS = {"nospec": None, "eagle3": "EAGLE3", "eagle_triton": "EAGLE_TRITON"}
@@ -137,6 +144,40 @@ def measure(url: str, batch: int, seed: int = 0) -> dict:
     return {"cycle_ms": cycle_ms(results), "accept_length": statistics.mean(accept)}
 
 
+def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
+    """Per-cycle stage costs (:func:`trace_breakdown.stage_times`) over ``steps`` profiled forward passes
+    while ``batch`` fresh requests decode."""
+    import random
+
+    import requests
+    from trace_breakdown import load_trace, stage_times
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+    with ThreadPoolExecutor(batch) as pool:
+        running = [pool.submit(timed_request, url, p) for p in prompts]
+        time.sleep(1.0)  # past the prefills: profile decode cycles only
+        requests.post(url + "/start_profile", json={"output_dir": str(out_dir), "num_steps": steps,
+                                                    "activities": ["CPU", "GPU"]}, timeout=60).raise_for_status()
+        for r in running:
+            r.result()
+    deadline = time.time() + 180
+    while not (traces := sorted(out_dir.glob("*.json*"))) and time.time() < deadline:
+        time.sleep(2)
+    if not traces:
+        raise RuntimeError(f"no profiler trace appeared in {out_dir}")
+    time.sleep(5)  # let the writer finish the file
+    return stage_times(load_trace(traces[-1]))
+
+
+def draft_ms(stages: dict) -> float | None:
+    draft = stages.get("draft")
+    if not draft:
+        return None
+    return draft["gpu_span_ms"] if draft["gpu_span_ms"] is not None else draft["gpu_busy_ms"]
+
+
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
     """Rows of ``path`` with ``new_rows`` replacing those of the same (system, steps, topk, n, batch)."""
     key = lambda r: (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])  # noqa: E731
@@ -149,22 +190,27 @@ def report(rows: list[dict]) -> str:
     """Markdown: cycle per system and batch, ratios to stock and no-spec, break-even acceptance length,
     projected tokens/s per request at acceptance lengths 3-6."""
     nospec = {r["batch"]: r["cycle_ms"] for r in rows if r["system"] == "nospec"}
-    stock = {(r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r["cycle_ms"]
-             for r in rows if r["system"] == "eagle3"}
+    stock_rows = {(r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r for r in rows if r["system"] == "eagle3"}
+    stock = {cfg: r["cycle_ms"] for cfg, r in stock_rows.items()}
     gpu = rows[0]["gpu"] if rows else "?"
     lines = [f"# Decode cycle on {gpu}, SGLang {rows[0]['sglang_version'] if rows else '?'}", "",
-             "| system | steps,topk,n | batch | cycle ms | ours/stock | break-even accept (cycle / no-spec step) | "
-             "tok/s/req at accept 3 / 4 / 5 / 6 |", "|---|---|---|---|---|---|---|"]
+             "| system | steps,topk,n | batch | cycle ms | ours/stock | draft ms | draft ours/stock | "
+             "break-even accept (cycle / no-spec step) | tok/s/req at accept 3 / 4 / 5 / 6 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cfg = (r["steps"], r["topk"], r["draft_tokens"], r["batch"])
         base = nospec.get(r["batch"])
         vs_stock = f"{r['cycle_ms'] / stock[cfg]:.2f}" if r["system"] == "eagle_triton" and cfg in stock else "-"
         vs_nospec = f"{r['cycle_ms'] / base:.2f}" if base and r["system"] != "nospec" else "-"
+        draft = f"{r['draft_ms']:.2f}" if r.get("draft_ms") else "-"
+        stock_draft = stock_rows[cfg].get("draft_ms") if cfg in stock_rows else None
+        draft_vs_stock = (f"{r['draft_ms'] / stock_draft:.2f}" if r["system"] == "eagle_triton" and r.get("draft_ms")
+                          and stock_draft else "-")
         projected = " / ".join(f"{a * 1e3 / r['cycle_ms']:.0f}" for a in (3, 4, 5, 6)) if r["system"] != "nospec" else "-"
         name = "no speculation" if r["system"] == "nospec" else r["system"]
         shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[:3])
-        lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {vs_nospec} | "
-                     f"{projected} |")
+        lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {draft} | "
+                     f"{draft_vs_stock} | {vs_nospec} | {projected} |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +243,8 @@ def parse_args(argv=None):
     parser.add_argument("--configs", nargs="+", default=[(5, 8, 32), (3, 1, 4), (8, 8, 64)],
                         type=lambda s: tuple(int(x) for x in s.split(",")))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
+    parser.add_argument("--profile-steps", type=int, default=20,
+                        help="forward passes profiled per batch for the stage breakdown (0: none)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
     for steps, topk, n in args.configs:
@@ -229,9 +277,11 @@ def main(argv=None):
                 server.wait_ready(900)
                 for batch in args.batches:
                     result = measure(server.url, batch)
+                    stages = (profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
+                                             args.profile_steps) if args.profile_steps else {})
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, draft_ms=None, gpu=gpu, sglang_version=sglang.__version__,
-                                     date=str(datetime.date.today()), **result))
+                                     batch=batch, draft_ms=draft_ms(stages), stages=stages, gpu=gpu,
+                                     sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
                     print(name, batch, result, flush=True)
             finally:
                 server.stop()

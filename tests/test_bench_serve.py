@@ -11,10 +11,10 @@ serve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve)
 
 
-def row(system, batch, cycle, config=(5, 8, 32)):
+def row(system, batch, cycle, config=(5, 8, 32), draft_ms=None):
     steps, topk, n = config if system != "nospec" else (0, 0, 0)
     return dict(system=system, steps=steps, topk=topk, draft_tokens=n, batch=batch, cycle_ms=cycle,
-                draft_ms=None, gpu="GPU X", sglang_version="0.5.17", accept_length=1.0)
+                draft_ms=draft_ms, gpu="GPU X", sglang_version="0.5.17", accept_length=1.0)
 
 
 def test_args_defaults_and_validation():
@@ -46,4 +46,13 @@ def test_merge_replaces_same_case(tmp_path):
 def test_report_ratios():
     table = serve.report([row("nospec", 1, 5.0), row("eagle3", 1, 8.0), row("eagle_triton", 1, 4.0)])
     ours = next(line for line in table.splitlines() if line.startswith("| eagle_triton"))
-    assert "| 0.50 | 0.80 | 750 / 1000 / 1250 / 1500 |" in ours
+    assert "| 0.50 | - | - | 0.80 | 750 / 1000 / 1250 / 1500 |" in ours
+    table = serve.report([row("eagle3", 1, 8.0, draft_ms=3.0), row("eagle_triton", 1, 4.0, draft_ms=1.5)])
+    ours = next(line for line in table.splitlines() if line.startswith("| eagle_triton"))
+    assert "| 0.50 | 1.50 | 0.50 |" in ours
+
+
+def test_draft_ms_prefers_the_gpu_span():
+    assert serve.draft_ms({}) is None
+    assert serve.draft_ms({"draft": {"gpu_span_ms": 2.0, "gpu_busy_ms": 1.5}}) == 2.0
+    assert serve.draft_ms({"draft": {"gpu_span_ms": None, "gpu_busy_ms": 1.5}}) == 1.5

@@ -1,0 +1,71 @@
+"""Cost of each speculative stage per decode cycle, from a torch profiler trace of a live SGLang server.
+
+SGLang 0.5.17 wraps the stages of its EAGLE V2 worker in profiler ranges (``spec_stage_span``: ``draft``,
+``verify``, ``draft_extend``), for stock EAGLE3 and EAGLE_TRITON alike, and ``POST /start_profile`` writes a
+Chrome trace. Per stage this module reports, averaged over the stage's occurrences (one per cycle):
+
+- ``gpu_busy_ms``: summed duration of the GPU kernels launched inside the stage's CPU range (matched by the
+  launch's correlation id; kernels replayed from a CUDA graph carry the graph launch's id);
+- ``gpu_span_ms``: the stage's GPU-side range (``gpu_user_annotation``: first kernel start to last kernel end,
+  idle gaps included) where the trace has one;
+- ``cpu_ms``: the CPU range itself (host time, launches included).
+
+    python bench/trace_breakdown.py TRACE.json[.gz]
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import sys
+from pathlib import Path
+
+STAGES = ("draft", "verify", "draft_extend")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
+
+
+def load_trace(path: Path) -> dict:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def stage_times(trace: dict, stages=STAGES) -> dict:
+    """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    ranges = {s: sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                        if e.get("cat") == "user_annotation" and e["name"] == s) for s in stages}
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    busy = dict.fromkeys(stages, 0.0)
+    for e in events:
+        if e.get("cat") != "kernel" or e.get("args", {}).get("correlation") not in launch_ts:
+            continue
+        ts = launch_ts[e["args"]["correlation"]]
+        for s in stages:
+            i = bisect.bisect_right(ranges[s], (ts, float("inf"))) - 1
+            if i >= 0 and ranges[s][i][0] <= ts <= ranges[s][i][1]:
+                busy[s] += e["dur"]
+    out = {}
+    for s in stages:
+        n = len(ranges[s])
+        if not n:
+            continue
+        spans = [e["dur"] for e in events if e.get("cat") == "gpu_user_annotation" and e["name"] == s]
+        out[s] = {
+            "count": n,
+            "cpu_ms": sum(b - a for a, b in ranges[s]) / n / 1e3,
+            "gpu_busy_ms": busy[s] / n / 1e3,
+            "gpu_span_ms": sum(spans) / len(spans) / 1e3 if spans else None,
+        }
+    return out
+
+
+def main(argv=None):
+    for path in argv or sys.argv[1:]:
+        print(path, json.dumps(stage_times(load_trace(Path(path))), indent=1))
+
+
+if __name__ == "__main__":
+    main()

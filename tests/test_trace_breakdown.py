@@ -1,0 +1,43 @@
+"""bench/trace_breakdown.py on a synthetic Chrome trace shaped like torch profiler's."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "trace_breakdown", Path(__file__).parent.parent / "bench" / "trace_breakdown.py")
+breakdown = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(breakdown)
+
+
+def event(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def cycle(t0, corr):
+    """One decode cycle: draft (a graph launch of two kernels), verify (one kernel), draft_extend (none)."""
+    return [
+        event("user_annotation", "draft", t0, 100),
+        event("cuda_runtime", "cudaGraphLaunch", t0 + 10, 5, correlation=corr),
+        event("kernel", "draft_kernel_a", t0 + 20, 30, correlation=corr),
+        event("kernel", "draft_kernel_b", t0 + 60, 20, correlation=corr),
+        event("gpu_user_annotation", "draft", t0 + 20, 60),
+        event("user_annotation", "verify", t0 + 120, 50),
+        event("cuda_driver", "cuLaunchKernelEx", t0 + 130, 5, correlation=corr + 1),  # a Triton launch
+        event("kernel", "verify_kernel", t0 + 180, 40, correlation=corr + 1),  # runs after its CPU range
+        event("user_annotation", "draft_extend", t0 + 200, 10),
+    ]
+
+
+def test_stage_times_per_cycle(tmp_path):
+    trace = {"traceEvents": cycle(0, 1) + cycle(1000, 3) + [event("kernel", "stray", 500, 99, correlation=99)]}
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    stages = breakdown.stage_times(breakdown.load_trace(path))
+    assert stages["draft"] == {"count": 2, "cpu_ms": 0.1, "gpu_busy_ms": 0.05, "gpu_span_ms": 0.06}
+    assert stages["verify"]["gpu_busy_ms"] == pytest.approx(0.04) and stages["verify"]["gpu_span_ms"] is None
+    assert stages["draft_extend"]["gpu_busy_ms"] == 0
