@@ -134,6 +134,8 @@ def _validate(sa) -> None:
         _refuse("SGLANG_SIMULATE_ACC_LEN (simulated acceptance)", "Unset it, or use EAGLE/EAGLE3 to simulate.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
+    if getattr(sa, "enable_fp32_lm_head", False):
+        _refuse("--enable-fp32-lm-head yet (the fused drafter's LM head computes bf16 logits)", "Drop the flag.")
     if sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
 

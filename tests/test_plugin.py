@@ -147,6 +147,7 @@ def _unsupported_draft(tmp_path):
         (["--pp-size", "2"], "tensor/pipeline parallelism (tp=1, pp=2)"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
         (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+        (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
         (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
     ],
 )
@@ -186,6 +187,13 @@ def test_fp16_serving_refused():
 def test_topk_beyond_lm_head_limit_refused():
     with pytest.raises(EagleTritonConfigError, match=re.escape("1 <= topk <= 16")):
         _args("--speculative-num-steps", "2", "--speculative-eagle-topk", "17", "--speculative-num-draft-tokens", "20")
+
+
+def test_draft_check_needs_eager_drafts(monkeypatch, tmp_path):
+    monkeypatch.setenv(config.DRAFT_CHECK_ENV, str(tmp_path / "check.jsonl"))
+    with pytest.raises(EagleTritonConfigError, match="--disable-cuda-graph"):
+        _args()
+    _args("--disable-cuda-graph")
 
 
 def test_simulated_acceptance_refused(monkeypatch):
