@@ -65,8 +65,11 @@ def _check_fused_drafter(sa) -> None:
         if getattr(cfg, flag, None):
             _refuse(f"drafts with {flag} ({path})", "Use a standard Llama EAGLE draft.")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        _refuse(f"draft head_dim {head_dim} ({path})", "The draft attention kernel needs a power of two >= 16.")
+    if head_dim not in (64, 128, 256, 512):
+        _refuse(f"draft head_dim {head_dim} ({path})", "Use a draft with head_dim 64, 128, 256 or 512 (SGLang's "
+                "fused RoPE path, whose fp32 cos/sin table the fused drafter reads).")
+    if not getattr(cfg, "rope_is_neox_style", True):
+        _refuse(f"non-neox RoPE drafts ({path})", "Use a Llama draft with neox-style RoPE.")
     dtype = sa.dtype if sa.dtype != "auto" else str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", ""))
     dtype = dtype.replace("torch.", "")
     if dtype not in ("bfloat16", "bf16"):
@@ -136,7 +139,7 @@ def _validate(sa) -> None:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
         _refuse("--enable-fp32-lm-head yet (the fused drafter's LM head computes bf16 logits)", "Drop the flag.")
-    if sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
 
 

@@ -96,6 +96,11 @@ def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
         o_bias=attn.o_proj.bias,
         token_map=token_map,
     )
+    rotary = attn.rotary_emb
+    if not getattr(rotary, "is_neox_style", True) or getattr(rotary, "use_fallback_kernel", False):
+        # The fallback path replaces the fp32 cos/sin table with a bf16 copy at its first call, freeing the
+        # table a captured draft graph would read.
+        raise ValueError("the fused drafter needs neox RoPE on SGLang's CUDA kernel path (head_dim 64/128/256/512)")
     if eagle3:
         w.input_norm, w.hidden_norm = layer.input_layernorm.weight, layer.hidden_norm.weight
         w.final_norm = model.model.norm.weight
@@ -135,6 +140,10 @@ class FusedDrafter:
         """
         w, k, S = self.w, self.topk, self.num_steps
         bs = topk_p.shape[0]
+        if bs == 0:  # an idle batch
+            empty = topk_index.new_empty
+            return (empty(0, k * (S - 1) + 1 if S > 1 else 0), empty(0, self.num_draft_tokens - 1),
+                    empty(0, self.num_draft_tokens - 1), topk_p.new_empty(0, k + (S - 1) * k * k))
         R = bs * k
         H, D = w.hidden_size, w.head_dim
         dev = topk_p.device

@@ -77,3 +77,28 @@ def test_keep_all_candidates(device):
 @pytest.mark.parametrize("k,steps,n", [(8, 5, 32), (8, 8, 64), (10, 6, 128), (1, 3, 4)])
 def test_cuda_batches(bs, k, steps, n):
     run_tree("cuda", bs, k, steps, n, vocab=128256, draft_vocab=32000, seed=bs + k)
+
+
+def test_nan_scores_stay_in_bounds(device):
+    """A request whose draft produced NaN (a broken hidden state) ranks its NaN candidates last and keeps
+    exactly n - 1 nodes; neighbouring requests' rows are not touched."""
+    bs, k, steps, n = 2, 2, 2, 4
+    T = k + k * k
+    p = torch.tensor([[0.6, 0.4], [0.7, 0.3]], device=device)
+    index = torch.tensor([[1, 2], [3, 4]], device=device)
+    scores = torch.zeros(bs, k, device=device)
+    ids, rows, steps_pos = (torch.zeros(bs * k, dtype=torch.long, device=device) for _ in range(3))
+    all_scores = torch.zeros(bs, T, device=device)
+    all_tokens = torch.zeros(bs, T, dtype=torch.long, device=device)
+    parents = torch.zeros(bs, k + 1, dtype=torch.long, device=device)
+    positions = torch.zeros(bs * k, dtype=torch.long, device=device)
+    tree = (scores, ids, rows, all_scores, all_tokens, parents, positions, steps_pos)
+    draft_select(0, steps, p, index, *tree)
+    child_p = torch.full((bs * k, k), float("nan"), device=device)
+    child_p[k:] = torch.tensor([[0.5, 0.2], [0.9, 0.1]], device=device)
+    draft_select(1, steps, child_p, torch.arange(bs * k * k, device=device).view(bs * k, k), *tree)
+    top = torch.full((bs, n - 1), -5, dtype=torch.long, device=device)
+    tokens = torch.full_like(top, -5)
+    draft_organize(all_scores, all_tokens, top, tokens)
+    assert top[0].tolist() == [0, 1, 2]  # the finite step-0 candidates first, then the lowest NaN index
+    assert torch.equal(top[1], ref.organize([all_scores[1:]], [all_tokens[1:]], [parents[1:]], n)[1][0])

@@ -81,3 +81,14 @@ def test_cuda_llama_like_dims(eagle3, bs, topk, steps, n):
     lens = [100 + 997 * i % 3000 for i in range(bs)]
     run_case("cuda", eagle3, bs, topk, steps, n, lens, max_differing=0.25, H=512, Hq=8, Hkv=2, D=64, inter=1024,
              vocab=4000, draft_vocab=2000)
+
+
+def test_idle_batch(device):
+    w, _ = random_draft(True, device)
+    cache = torch.zeros(4, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16, device=device)
+    drafter = FusedDrafter(w, 4, 3, 8, cache, cache, torch.zeros(1, 8, dtype=torch.int32, device=device))
+    empty = torch.empty(0, 4, device=device)
+    out = drafter.draft(empty, empty.long(), torch.empty(0, w.hidden_size, dtype=torch.bfloat16, device=device),
+                        torch.empty(0, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long, device=device),
+                        torch.empty(0, dtype=torch.long, device=device))
+    assert [tuple(t.shape) for t in out] == [(0, 9), (0, 7), (0, 7), (0, 36)]

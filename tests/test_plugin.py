@@ -148,6 +148,7 @@ def _unsupported_draft(tmp_path):
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
         (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
+        (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
         (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
     ],
 )
@@ -171,6 +172,8 @@ def test_unsupported_draft_architecture(tmp_path):
         (dict(rope_scaling={"rope_type": "default", "mrope_section": [16, 24, 24]}), "multimodal RoPE"),
         (dict(norm_output=True), "drafts with norm_output"),
         (dict(head_dim=24), "draft head_dim 24"),
+        (dict(head_dim=32), "draft head_dim 32"),
+        (dict(rope_is_neox_style=False), "non-neox RoPE drafts"),
         (dict(torch_dtype="float16"), "with a float16 draft"),
     ],
 )

@@ -26,15 +26,17 @@ def _draft_organize_kernel(
     lanes = tl.arange(0, BLOCK_T)
     live = lanes < T
     scores = tl.load(all_scores_ptr + b * T + lanes, mask=live, other=-float("inf"))
+    scores = tl.where(scores == scores, scores, -float("inf"))  # NaN ranks last: exactly KEEP are kept
     rank = tl.zeros([BLOCK_T], dtype=tl.int32)
     for c0 in range(0, T, CHUNK):
         others = c0 + tl.arange(0, CHUNK)
         other_scores = tl.load(all_scores_ptr + b * T + others, mask=others < T, other=-float("inf"))
+        other_scores = tl.where(other_scores == other_scores, other_scores, -float("inf"))
         above = (other_scores[None, :] > scores[:, None]) | (
             (other_scores[None, :] == scores[:, None]) & (others[None, :] < lanes[:, None])
         )
         rank += tl.sum(above.to(tl.int32), axis=1)
-    kept = live & (rank < KEEP)
+    kept = live & (rank < KEEP)  # ranks form a total order (ties by index), so exactly KEEP lanes
     slot = tl.cumsum(kept.to(tl.int32), axis=0) - 1
     tokens = tl.load(all_tokens_ptr + b * T + lanes, mask=kept, other=0)
     tl.store(top_scores_index_ptr + b * KEEP + slot, lanes.to(tl.int64), mask=kept)

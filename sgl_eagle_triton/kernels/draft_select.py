@@ -73,9 +73,10 @@ def _draft_select_kernel(
             tl.store(scores_ptr + b * K + lanes, E, mask=live)
         else:
             taken = ~live
+            ranked = tl.where(E == E, E, -float("inf"))  # a NaN score (a broken request) ranks last
             for m in range(K):
-                best = tl.max(tl.where(taken, -float("inf"), E), axis=0)
-                c = tl.min(tl.where(~taken & (E == best), lanes, BLOCK_E), axis=0)
+                best = tl.max(tl.where(taken, -float("inf"), ranked), axis=0)
+                c = tl.min(tl.where(~taken & (ranked == best), lanes, BLOCK_E), axis=0)
                 taken = taken | (lanes == c)
                 token = tl.sum(tl.where(lanes == c, tokens, 0), axis=0)
                 tl.store(input_ids_ptr + b * K + m, token)

@@ -13,6 +13,8 @@ Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output
 add-RMSNorm normalises).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -104,6 +106,14 @@ def _blocks(M: int, N: int) -> tuple[int, int]:
     return block_m, block_n
 
 
+@functools.cache
+def _shared_memory(device: torch.device) -> int:
+    """Shared memory one block may use (bytes); the H100's 227 KB where there is no CUDA device."""
+    if device.type != "cuda":
+        return 232_448
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 232_448)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -129,10 +139,10 @@ def linear(
     assert out_sum is None or residual is not None, "out_sum is the residual epilogue's fp32 sum"
     block_m, block_n = _blocks(M, N)
     block_k = 128
-    # Pipeline as deep as shared memory allows (H100: 227 KB per block); one stage holds an x tile and
-    # one (two with silu_mul) weight tiles.
+    # Pipeline as deep as this GPU's shared memory allows; one stage holds an x tile and one (two with
+    # silu_mul) weight tiles.
     stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
-    num_stages = max(1, min(4, 200_000 // stage_bytes))
+    num_stages = max(1, min(4, (_shared_memory(x.device) - 8192) // stage_bytes))
     dummy = out
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     _linear_kernel[grid](
