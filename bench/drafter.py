@@ -24,7 +24,7 @@ import triton
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
-from sgl_eagle_triton.reference.random_draft import random_draft
+from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
 
 from kernels import copy_bandwidth  # bench/kernels.py, beside this script
 
@@ -44,28 +44,18 @@ def weight_bytes(w) -> int:
 
 
 def bench_draft(w, steps, topk, n, bs, bandwidth):
-    gen = torch.Generator().manual_seed(bs)
-    H, Hkv, D = w.hidden_size, w.num_kv_heads, w.head_dim
-    ctx = PREFIX + topk * steps + 8
-    slots = 1 + (bs + 1) * ctx
-    k_cache = torch.randn(slots, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().cuda()
-    req_pool_indices = torch.arange(1, bs + 1, device="cuda")
-    seq_lens = torch.full((bs,), PREFIX, device="cuda")
-    topk_p = torch.rand(bs, topk, device="cuda").sort(dim=-1, descending=True).values
-    topk_index = torch.randint(0, w.lm_head.shape[0], (bs, topk), device="cuda")
-    hidden = torch.randn(bs, H, device="cuda", dtype=torch.bfloat16)
-    positions = seq_lens.repeat_interleave(topk)
-    drafter = FusedDrafter(w, topk, steps, n, k_cache, v_cache, req_to_token)
+    b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda")
+    positions = b["positions"]
+    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"])
 
     def run():
-        drafter.draft(topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices)
+        drafter.draft(b["topk_p"], b["topk_index"], b["hidden"], positions, b["seq_lens"], b["req_pool_indices"])
         positions.sub_(steps - 1)
 
     t = graph_us(run)
     forwards = steps - 1
-    floor = forwards * (weight_bytes(w) + bs * PREFIX * Hkv * D * 2 * 2) / bandwidth * 1e6
+    kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * 2  # each request's prefix K and V, bf16
+    floor = forwards * (weight_bytes(w) + kv_bytes) / bandwidth * 1e6
     return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
 

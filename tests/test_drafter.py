@@ -6,7 +6,7 @@ import torch
 
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.reference import drafter as ref
-from sgl_eagle_triton.reference.random_draft import random_draft
+from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
 from tests.conftest import requires_cuda
 
 NEAR_TIE = 0.06  # relative probability gap of two logits one bf16 ulp apart (|logit| <= ~8)
@@ -14,26 +14,14 @@ NEAR_TIE = 0.06  # relative probability gap of two logits one bf16 ulp apart (|l
 
 def run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=0, max_differing=0.5, **dims):
     w, gen = random_draft(eagle3, device, seed=seed, **dims)
-    H, Hkv, D = w.hidden_size, w.num_kv_heads, w.head_dim
-    ctx = max(seq_lens) + topk * steps + 4
-    slots = 1 + (bs + 1) * ctx  # slot 0 is SGLang's padding slot; every request owns scattered slots
-    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
-    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
-    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().to(device)
-    req_pool_indices = (torch.randperm(bs, generator=gen) + 1).to(device)
-    seq_lens_t = torch.tensor(seq_lens, device=device)
-    vd = w.lm_head.shape[0]
-    topk_p = torch.rand(bs, topk, generator=gen).sort(dim=-1, descending=True).values.to(device)
-    topk_index = torch.stack([torch.randperm(vd, generator=gen)[:topk] for _ in range(bs)]).to(device)
-    hidden = torch.randn(bs, H, generator=gen).to(torch.bfloat16).to(device)
-    positions = seq_lens_t.repeat_interleave(topk)
-
-    drafter = FusedDrafter(w, topk, steps, n, k_cache, v_cache, req_to_token)
-    ours_positions = positions.clone()
-    ours = drafter.draft(topk_p, topk_index, hidden, ours_positions, seq_lens_t, req_pool_indices)
-    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_t)
-    ref_positions = positions.clone()
-    expected = ref.draft(w, topk, steps, n, topk_p, topk_index, hidden, ref_positions, kv)
+    batch = random_batch(w, bs, topk, steps, seq_lens, gen, device)
+    drafter = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
+    inputs = (batch["topk_p"], batch["topk_index"], batch["hidden"])
+    ours_positions = batch["positions"].clone()
+    ours = drafter.draft(*inputs, ours_positions, batch["seq_lens"], batch["req_pool_indices"])
+    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
+    ref_positions = batch["positions"].clone()
+    expected = ref.draft(w, topk, steps, n, *inputs, ref_positions, kv)
     same = torch.ones(bs, dtype=torch.bool, device=device)
     for got, want in zip(ours[:3], expected[:3]):
         same &= (got == want).all(dim=1) if got.numel() else same

@@ -50,3 +50,29 @@ def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, voc
         w.fc, w.fc_bias = rand(H, 2 * H, scale=(2 * H) ** -0.5), rand(H, scale=0.1)
         w.qkv_bias = rand(qkv_rows, scale=0.1)
     return w, gen
+
+
+def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list[int], gen: torch.Generator, device):
+    """A batch state for a draft (the inputs SGLang hands ``draft_forward``), as a dict.
+
+    ``k_cache`` / ``v_cache`` [slots, Hkv, D] bf16: a paged pool whose slot 0 is SGLang's padding slot;
+    every request owns scattered slots (``req_to_token`` [bs + 1, ctx] int32, a random permutation);
+    ``req_pool_indices`` [bs], ``seq_lens`` [bs] (the prefix lengths given), ``positions`` [bs * topk];
+    the draft extend's ``topk_p`` [bs, topk] (descending) and ``topk_index`` (distinct draft-vocabulary ids
+    per request), ``hidden`` [bs, H] bf16.
+    """
+    Hkv, D = w.num_kv_heads, w.head_dim
+    ctx = max(seq_lens) + topk * steps + 4
+    slots = 1 + (bs + 1) * ctx
+    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
+    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
+    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().to(device)
+    req_pool_indices = (torch.randperm(bs, generator=gen) + 1).to(device)
+    seq_lens_t = torch.tensor(seq_lens, device=device)
+    topk_p = torch.rand(bs, topk, generator=gen).sort(dim=-1, descending=True).values.to(device)
+    vocab = w.lm_head.shape[0]
+    topk_index = torch.stack([torch.randperm(vocab, generator=gen)[:topk] for _ in range(bs)]).to(device)
+    hidden = torch.randn(bs, w.hidden_size, generator=gen).to(torch.bfloat16).to(device)
+    return dict(k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
+                seq_lens=seq_lens_t, positions=seq_lens_t.repeat_interleave(topk), topk_p=topk_p,
+                topk_index=topk_index, hidden=hidden)
