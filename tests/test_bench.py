@@ -18,3 +18,17 @@ def test_markdown_table_has_one_line_per_case():
     assert "# Tree kernels on GPU X, SGLang 0.5.17" in table
     lines = [line for line in table.splitlines() if line.startswith("| build_tree")]
     assert len(lines) == 2 and all("| 0.50 |" in line for line in lines)
+
+
+def test_drafter_markdown():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))  # bench/drafter.py imports bench/kernels.py
+    spec = importlib.util.spec_from_file_location("bench_drafter", Path(__file__).parent.parent / "bench" / "drafter.py")
+    drafter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drafter)
+    draft_rows = [dict(steps=5, topk=8, draft_tokens=32, batch=1, graph_us=1500.0, floor_us=1000.0, over_floor=1.5)]
+    op_rows = [dict(op="qkv", impl=impl, rows=8, graph_us=t, floor_us=30.0, over_floor=t / 30.0)
+               for impl, t in (("triton (ours)", 36.0), ("cuBLAS + torch", 40.0))]
+    table = drafter.markdown(draft_rows, op_rows, "GPU X", 3e12)
+    assert "| 5,8,32 | 1 | 1500 | 1000 | 1.50 |" in table and "| qkv | 8 | 36.0 | 40.0 | 30.0 | 1.20 | 0.90 |" in table
