@@ -44,7 +44,6 @@ SERVER_ARGS = [
     "--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "auto",
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
     "--context-length", "4096", "--mem-fraction-static", "0.7",
-    "--cuda-graph-max-bs", "64", "--max-running-requests", "64",
 ]
 LLAMA_8B = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -178,6 +177,12 @@ def draft_ms(stages: dict) -> float | None:
     return draft["gpu_span_ms"] if draft["gpu_span_ms"] is not None else draft["gpu_busy_ms"]
 
 
+def server_args(batches: list[int]) -> list[str]:
+    """The shared flags, with CUDA graphs captured (and requests admitted) up to the largest batch measured."""
+    most = str(max(batches))
+    return [*SERVER_ARGS, "--cuda-graph-max-bs", most, "--max-running-requests", most]
+
+
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
     """Rows of ``path`` with ``new_rows`` replacing those of the same (system, steps, topk, n, batch)."""
     key = lambda r: (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])  # noqa: E731
@@ -272,23 +277,33 @@ def main(argv=None):
     for system in args.systems:
         for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
             name = f"{system}-{'-'.join(map(str, config))}"
-            server = Server(name, str(target), spec_args(system, draft, config), args.workdir, base_args=SERVER_ARGS)
+            server = Server(name, str(target), spec_args(system, draft, config), args.workdir,
+                            base_args=server_args(args.batches))
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
                     result = measure(server.url, batch)
-                    stages = (profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
-                                             args.profile_steps) if args.profile_steps else {})
+                    stages = {}
+                    if args.profile_steps:
+                        try:
+                            stages = profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
+                                                    args.profile_steps)
+                        except Exception as e:  # the cycle time stands without its breakdown
+                            print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
                                      batch=batch, draft_ms=draft_ms(stages), stages=stages, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
-                    print(name, batch, result, flush=True)
+                    print(name, batch, result, json.dumps(stages), flush=True)
             finally:
                 server.stop()
-    merged = merge_rows(args.out, rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(merged, indent=1))
-    write_report(merged, args.out)
+            save(args.out, rows)  # after every server: a sweep cut short keeps what it measured
+
+
+def save(path: Path, rows: list[dict]) -> None:
+    merged = merge_rows(path, rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=1))
+    write_report(merged, path)
 
 
 if __name__ == "__main__":

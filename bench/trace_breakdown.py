@@ -1,8 +1,11 @@
 """Cost of each speculative stage per decode cycle, from a torch profiler trace of a live SGLang server.
 
-SGLang 0.5.17 wraps the stages of its EAGLE V2 worker in profiler ranges (``spec_stage_span``: ``draft``,
-``verify``, ``draft_extend``), for stock EAGLE3 and EAGLE_TRITON alike, and ``POST /start_profile`` writes a
-Chrome trace. Per stage this module reports, averaged over the stage's occurrences (one per cycle):
+SGLang 0.5.17 wraps two stages of its EAGLE V2 worker in profiler ranges (``spec_stage_span``: ``draft``,
+``draft_extend``), for stock EAGLE3 and EAGLE_TRITON alike, and every model forward in ``step[<MODE> bs=N]``
+(``model_runner.forward``): the target's verify forward is ``step[TARGET_VERIFY ...]`` (``verify_forward``
+here; SGLang has no range around the whole verify, so the accept kernels are not in it) and a plain decode
+step ``step[DECODE ...]`` (``decode``). ``POST /start_profile`` writes a Chrome trace. Per stage this module
+reports, averaged over the stage's occurrences (one per cycle):
 
 - ``gpu_busy_ms``: summed duration of the GPU kernels launched inside the stage's CPU range (matched by the
   launch's correlation id; kernels replayed from a CUDA graph carry the graph launch's id);
@@ -21,7 +24,10 @@ import json
 import sys
 from pathlib import Path
 
-STAGES = ("draft", "verify", "draft_extend")
+STAGES = {  # stage -> profiler range name (``step[...]`` ranges match on their first word)
+    "draft": "draft", "draft_extend": "draft_extend",
+    "verify_forward": "step[TARGET_VERIFY", "decode": "step[DECODE",
+}
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
 
 
@@ -31,11 +37,15 @@ def load_trace(path: Path) -> dict:
         return json.load(f)
 
 
+def _matches(name: str, pattern: str) -> bool:
+    return name == pattern or name.startswith(pattern + " ")
+
+
 def stage_times(trace: dict, stages=STAGES) -> dict:
     """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     ranges = {s: sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                        if e.get("cat") == "user_annotation" and e["name"] == s) for s in stages}
+                        if e.get("cat") == "user_annotation" and _matches(e["name"], stages[s])) for s in stages}
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
                  if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     busy = dict.fromkeys(stages, 0.0)
@@ -52,7 +62,7 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
         n = len(ranges[s])
         if not n:
             continue
-        spans = [e["dur"] for e in events if e.get("cat") == "gpu_user_annotation" and e["name"] == s]
+        spans = [e["dur"] for e in events if e.get("cat") == "gpu_user_annotation" and _matches(e["name"], stages[s])]
         out[s] = {
             "count": n,
             "cpu_ms": sum(b - a for a, b in ranges[s]) / n / 1e3,

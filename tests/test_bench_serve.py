@@ -25,6 +25,11 @@ def test_args_defaults_and_validation():
         serve.parse_args(["--configs", "3,1,9"])
 
 
+def test_server_args_capture_graphs_up_to_the_largest_batch():
+    args = serve.server_args([1, 8, 32])
+    assert args[args.index("--cuda-graph-max-bs") + 1] == "32" and args[args.index("--max-running-requests") + 1] == "32"
+
+
 def test_spec_args():
     assert serve.spec_args("nospec", Path("/d"), (5, 8, 32)) == []
     assert serve.spec_args("eagle_triton", Path("/d"), (5, 8, 32))[:2] == ["--speculative-algorithm", "EAGLE_TRITON"]

@@ -25,7 +25,7 @@ def cycle(t0, corr):
         event("kernel", "draft_kernel_a", t0 + 20, 30, correlation=corr),
         event("kernel", "draft_kernel_b", t0 + 60, 20, correlation=corr),
         event("gpu_user_annotation", "draft", t0 + 20, 60),
-        event("user_annotation", "verify", t0 + 120, 50),
+        event("user_annotation", "step[TARGET_VERIFY bs=2]", t0 + 120, 50),
         event("cuda_driver", "cuLaunchKernelEx", t0 + 130, 5, correlation=corr + 1),  # a Triton launch
         event("kernel", "verify_kernel", t0 + 180, 40, correlation=corr + 1),  # runs after its CPU range
         event("user_annotation", "draft_extend", t0 + 200, 10),
@@ -39,5 +39,6 @@ def test_stage_times_per_cycle(tmp_path):
         json.dump(trace, f)
     stages = breakdown.stage_times(breakdown.load_trace(path))
     assert stages["draft"] == {"count": 2, "cpu_ms": 0.1, "gpu_busy_ms": 0.05, "gpu_span_ms": 0.06}
-    assert stages["verify"]["gpu_busy_ms"] == pytest.approx(0.04) and stages["verify"]["gpu_span_ms"] is None
+    verify = stages["verify_forward"]
+    assert verify["gpu_busy_ms"] == pytest.approx(0.04) and verify["gpu_span_ms"] is None and "decode" not in stages
     assert stages["draft_extend"]["gpu_busy_ms"] == 0
