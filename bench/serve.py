@@ -18,9 +18,9 @@ excluded; acceptance with random weights is ~1, which changes token ids but not 
 Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed batch, the same load runs
 again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
 ``<workdir>/traces/<server>-b<batch>/`` and ``bench/trace_breakdown.py`` turns it into per-cycle costs of
-SGLang's stages (``draft``, ``verify``, ``draft_extend``: GPU busy time of their kernels, GPU span, CPU
-time). ``draft_ms`` is the draft stage's GPU span per cycle (its GPU busy time where the trace has no span);
-the profiler slows the host, so ``cycle_ms`` always comes from the unprofiled run.
+SGLang's stages (``draft``, ``draft_extend``, ``verify_forward``, ``decode``: GPU busy time of their kernels,
+GPU span, CPU time). ``draft_ms`` is the draft stage's GPU busy time per cycle; the profiler slows the host,
+so ``cycle_ms`` always comes from the unprofiled run.
 """
 
 from __future__ import annotations
@@ -171,10 +171,11 @@ def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
 
 
 def draft_ms(stages: dict) -> float | None:
+    """The draft phase's device time per cycle: GPU busy time of its kernels. Not its GPU span: at small
+    batches the span is bound by the host (doubly so under the profiler's Python tracing), the same for
+    every system, and hides the kernels' cost."""
     draft = stages.get("draft")
-    if not draft:
-        return None
-    return draft["gpu_span_ms"] if draft["gpu_span_ms"] is not None else draft["gpu_busy_ms"]
+    return draft["gpu_busy_ms"] if draft else None
 
 
 def server_args(batches: list[int]) -> list[str]:
@@ -216,6 +217,28 @@ def report(rows: list[dict]) -> str:
         shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[:3])
         lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {draft} | "
                      f"{draft_vs_stock} | {vs_nospec} | {projected} |")
+    return "\n".join(lines) + "\n" + breakdown(rows)
+
+
+BREAKDOWN_STAGES = ("draft", "draft_extend", "verify_forward", "decode")
+
+
+def breakdown(rows: list[dict]) -> str:
+    """Markdown: per-cycle GPU busy time of each profiled stage, and the rest of the (unprofiled) cycle:
+    host gaps, the accept kernels and anything else outside the stage ranges."""
+    rows = [r for r in rows if r.get("stages")]
+    if not rows:
+        return ""
+    lines = ["", "Cycle breakdown (GPU busy ms per cycle in each SGLang stage, from the profiled run; rest = "
+             "cycle - stages: host gaps, verify's accept kernels, scheduling)", "",
+             "| system | steps,topk,n | batch | cycle ms | " + " | ".join(BREAKDOWN_STAGES) + " | rest |",
+             "|---|---|---|---|" + "---|" * (len(BREAKDOWN_STAGES) + 1)]
+    for r in rows:
+        busy = [r["stages"].get(s, {}).get("gpu_busy_ms") for s in BREAKDOWN_STAGES]
+        rest = r["cycle_ms"] - sum(b for b in busy if b)
+        shape = "-" if r["system"] == "nospec" else f"{r['steps']},{r['topk']},{r['draft_tokens']}"
+        cells = " | ".join("-" if b is None else f"{b:.2f}" for b in busy)
+        lines.append(f"| {r['system']} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {cells} | {rest:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -142,8 +142,9 @@ def _memory_mib(server: Server) -> dict:
 def test_load_and_faults(tmp_path):
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
-    spec = Server("load-EAGLE_TRITON", target, [
-        "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
+    algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
+    spec = Server(f"load-{algorithm}", target, [
+        "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
         "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
         "--speculative-num-draft-tokens", str(n), "--enable-metrics", *LOAD_ARGS,
     ], tmp_path)
