@@ -187,3 +187,26 @@ def handle_server_args(sa) -> None:
     if sa.enable_mixed_chunk:
         logger.warning("EAGLE_TRITON: mixed chunked prefill is disabled under speculative decoding")
         sa.enable_mixed_chunk = False
+
+
+REQ_TO_TOKEN_HEADROOM_TARGET = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
+
+
+def req_to_token_headroom(extra: int, server_args, *args, **kwargs) -> int:
+    """After-hook on SGLang's ``get_req_to_token_extra_context_len``: an EAGLE_TRITON server's
+    ``req_to_token`` rows hold the whole per-decode KV reservation, page size 1 included.
+
+    SGLang 0.5.17 widens the rows (``context_len + 4 + draft tokens``) to the reservation
+    (``2 * max(topk * steps, draft tokens)``, ``eagle_prepare_for_decode``) only when ``page_size > 1``.
+    With page size 1 and ``topk * steps > draft tokens + 6`` (e.g. the default 5 / 4 / 8), a request within
+    ~40 tokens of the context limit gets slots assigned past its row's end: they land in the next request's
+    row (overwriting its first KV indices; past the tensor for the last row) and are never freed (~6 slots per
+    such request, until the idle leak check stops the scheduler). A row of ``context_len + reservation`` holds
+    any allocation, since the committed length never exceeds the context.
+    """
+    if getattr(server_args, "speculative_algorithm", None) != "EAGLE_TRITON":
+        return extra
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    return max(extra, get_alloc_reserve_per_decode(server_args) + server_args.page_size - 1)
+

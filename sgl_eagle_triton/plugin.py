@@ -8,6 +8,11 @@ starts (launcher, engine, schedulers), so registration is idempotent and light: 
 ``is_eagle()`` is True everywhere, ``is_eagle3()`` follows the draft checkpoint (see
 :func:`sgl_eagle_triton.config.current_draft_kind`), and predicates ``CustomSpecAlgo`` lacks are
 taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
+
+It also registers one hook through SGLang's plugin hook registry (applied by ``load_plugins`` in every
+scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`, which
+sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
+and row overwrite near the context limit; other algorithms are left as they are).
 """
 
 from __future__ import annotations
@@ -65,9 +70,16 @@ def _worker_factory(server_args):
     return EagleTritonWorkerV2
 
 
+def _register_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
+
+
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
     if get_spec(ALGORITHM_NAME) is None:
+        _register_hooks()
         SpeculativeAlgorithm.register(
             ALGORITHM_NAME,
             supports_overlap=True,

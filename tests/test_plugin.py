@@ -60,6 +60,21 @@ def test_registration_is_idempotent_and_conforms():
     assert algo.supports_overlap
 
 
+def test_req_to_token_rows_hold_the_draft_reservation():
+    """SGLang 0.5.17 sizes rows context + 4 + draft tokens at page size 1 while reserving
+    2 * max(topk * steps, draft tokens) per decode (here 12 < 40): near the context limit the reservation
+    spilled into the next row and leaked. Our hook widens EAGLE_TRITON's rows, and only EAGLE_TRITON's."""
+    from sglang.srt.mem_cache import kv_cache_configurator
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    ours = _args()
+    assert ours.page_size == 1 and get_alloc_reserve_per_decode(ours) == 40
+    assert kv_cache_configurator.get_req_to_token_extra_context_len(ours) == 40  # stock: 4 + 8
+    stock = prepare_server_args(["--model-path", TARGET, "--device", DEVICE, "--speculative-algorithm", "EAGLE3",
+                                 "--speculative-draft-model-path", EAGLE3_DRAFT])
+    assert kv_cache_configurator.get_req_to_token_extra_context_len(stock) == 4 + stock.speculative_num_draft_tokens
+
+
 @pytest.mark.parametrize("kind", [config.EAGLE3, config.EAGLE])
 def test_predicates_follow_draft_kind(monkeypatch, kind):
     monkeypatch.setenv(config.DRAFT_KIND_ENV, kind)
