@@ -13,6 +13,10 @@ reports, averaged over the stage's occurrences (one per cycle):
   idle gaps included) where the trace has one;
 - ``cpu_ms``: the CPU range itself (host time, launches included).
 
+and ``cycle``: from one start of the ``draft`` range (``decode`` without speculation) to the next, the
+host's period (``cpu_ms``, slower than unprofiled) and the GPU busy time of every kernel launched in it
+(``gpu_busy_ms``): busy time outside the stages is verify's sampling / accept kernels and bookkeeping.
+
     python bench/trace_breakdown.py TRACE.json[.gz]
 """
 
@@ -29,6 +33,7 @@ STAGES = {  # stage -> profiler range name (``step[...]`` ranges match on their 
     "verify_forward": "step[TARGET_VERIFY", "decode": "step[DECODE",
 }
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
+CYCLE_ANCHORS = ("draft", "decode")  # a cycle runs from one start of this stage's range to the next
 
 
 def load_trace(path: Path) -> dict:
@@ -48,11 +53,15 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
                         if e.get("cat") == "user_annotation" and _matches(e["name"], stages[s])) for s in stages}
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
                  if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    anchor = next((ranges[s] for s in CYCLE_ANCHORS if len(ranges.get(s, ())) > 1), None)
     busy = dict.fromkeys(stages, 0.0)
+    cycle_busy = 0.0
     for e in events:
         if e.get("cat") != "kernel" or e.get("args", {}).get("correlation") not in launch_ts:
             continue
         ts = launch_ts[e["args"]["correlation"]]
+        if anchor and anchor[0][0] <= ts < anchor[-1][0]:
+            cycle_busy += e["dur"]
         for s in stages:
             i = bisect.bisect_right(ranges[s], (ts, float("inf"))) - 1
             if i >= 0 and ranges[s][i][0] <= ts <= ranges[s][i][1]:
@@ -69,6 +78,10 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
             "gpu_busy_ms": busy[s] / n / 1e3,
             "gpu_span_ms": sum(spans) / len(spans) / 1e3 if spans else None,
         }
+    if anchor:
+        cycles = len(anchor) - 1
+        out["cycle"] = {"count": cycles, "cpu_ms": (anchor[-1][0] - anchor[0][0]) / cycles / 1e3,
+                        "gpu_busy_ms": cycle_busy / cycles / 1e3, "gpu_span_ms": None}
     return out
 
 

@@ -42,3 +42,5 @@ def test_stage_times_per_cycle(tmp_path):
     verify = stages["verify_forward"]
     assert verify["gpu_busy_ms"] == pytest.approx(0.04) and verify["gpu_span_ms"] is None and "decode" not in stages
     assert stages["draft_extend"]["gpu_busy_ms"] == 0
+    # One cycle (draft start 0 -> 1000): the kernels launched in it (the stray one has no launch record).
+    assert stages["cycle"] == {"count": 1, "cpu_ms": 1.0, "gpu_busy_ms": pytest.approx(0.09), "gpu_span_ms": None}
