@@ -60,20 +60,38 @@ def bench_draft(w, steps, topk, n, bs, bandwidth):
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
 
 
+def chain_kernels(w, steps, topk, n, bs) -> list[dict]:
+    """Device time of every kernel of one draft, in launch order (torch profiler over one eager draft after a
+    warm-up): the ops as they run in the chain, to set beside the isolated per-op rows."""
+    b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda")
+    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"])
+    args = (b["topk_p"], b["topk_index"], b["hidden"], b["positions"], b["seq_lens"], b["req_pool_indices"])
+    drafter.draft(*args)
+    b["positions"].sub_(steps - 1)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        drafter.draft(*args)
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    return [dict(kernel=e.name, us=e.device_time) for e in kernels]
+
+
 def bench_ops(w, rows_n, bandwidth):
     """Per-op rows for ``rows_n = bs * topk`` rows: ours vs cuBLAS, device time in a CUDA graph."""
     H = w.hidden_size
     x2 = torch.randn(rows_n, 2 * H, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
+    x_sum = torch.randn(rows_n, H, device="cuda", dtype=torch.float32)  # the chain's fp32 residual sum
     act = torch.randn(rows_n, w.down.shape[1], device="cuda", dtype=torch.bfloat16)
     res = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
     out = {name: torch.empty(rows_n, n, device="cuda", dtype=torch.bfloat16)
            for name, n in (("qkv", w.qkv.shape[0]), ("h", H), ("act", w.gate_up.shape[0] // 2))}
     cases = {
         "qkv": (lambda: linear(x2, w.qkv, out["qkv"]), lambda: F.linear(x2, w.qkv), w.qkv),
-        "o_proj + residual": (lambda: linear(x, w.o_proj, out["h"], residual=res),
+        "o_proj + residual": (lambda: linear(x, w.o_proj, out["h"], residual=res, out_sum=x_sum),
                               lambda: F.linear(x, w.o_proj) + res, w.o_proj),
-        "gate_up + silu_mul": (lambda: linear(x, w.gate_up, out["act"], norm_weight=w.post_norm, eps=1e-5,
+        "gate_up + silu_mul": (lambda: linear(x_sum, w.gate_up, out["act"], norm_weight=w.post_norm, eps=1e-5,
                                               silu_mul=True),
                                lambda: F.silu((g := F.linear(x, w.gate_up)).chunk(2, -1)[0]) * g.chunk(2, -1)[1],
                                w.gate_up),
@@ -92,7 +110,7 @@ def bench_ops(w, rows_n, bandwidth):
     return rows
 
 
-def markdown(draft_rows, op_rows, gpu, bandwidth) -> str:
+def markdown(draft_rows, op_rows, gpu, bandwidth, chain=()) -> str:
     lines = [
         f"# Fused drafter on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)",
         "",
@@ -110,6 +128,9 @@ def markdown(draft_rows, op_rows, gpu, bandwidth) -> str:
     for ours, ref in zip(op_rows[::2], op_rows[1::2]):
         lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
                      f"{ours['floor_us']:.1f} | {ours['over_floor']:.2f} | {ours['graph_us'] / ref['graph_us']:.2f} |")
+    if chain:
+        lines += ["", f"Kernels of one draft at {CONFIGS[0]}, batch 1, in launch order (eager, profiler device time, us): "
+                  + ", ".join(f"{k['kernel']} {k['us']:.1f}" for k in chain)]
     return "\n".join(lines) + "\n"
 
 
@@ -125,15 +146,17 @@ def main():
         for bs in BATCHES:
             draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth))
             print(draft_rows[-1], flush=True)
+    chain = chain_kernels(w, *CONFIGS[0], 1)
+    print(chain, flush=True)
     op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth)]
     for r in op_rows:
         r["gpu"] = gpu
     stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows,
-                                                           ops=op_rows), indent=1))
-    (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth))
-    print(markdown(draft_rows, op_rows, gpu, bandwidth))
+                                                           ops=op_rows, chain=chain), indent=1))
+    (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth, chain))
+    print(markdown(draft_rows, op_rows, gpu, bandwidth, chain))
 
 
 if __name__ == "__main__":

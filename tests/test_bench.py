@@ -32,3 +32,6 @@ def test_drafter_markdown():
                for impl, t in (("triton (ours)", 36.0), ("cuBLAS + torch", 40.0))]
     table = drafter.markdown(draft_rows, op_rows, "GPU X", 3e12)
     assert "| 5,8,32 | 1 | 1500 | 1000 | 1.50 |" in table and "| qkv | 8 | 36.0 | 40.0 | 30.0 | 1.20 | 0.90 |" in table
+    chain = [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5)]
+    assert "batch 1, in launch order" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
+    assert "_linear_kernel 38.0, _merge_kernel 2.5" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
