@@ -25,9 +25,15 @@ def test_args_defaults_and_validation():
         serve.parse_args(["--configs", "3,1,9"])
 
 
-def test_server_args_capture_graphs_up_to_the_largest_batch():
-    args = serve.server_args([1, 8, 32])
-    assert args[args.index("--cuda-graph-max-bs") + 1] == "32" and args[args.index("--max-running-requests") + 1] == "32"
+def test_server_args_capture_graphs_for_the_measured_batches():
+    args = serve.server_args([8, 1, 32])
+    i = args.index("--cuda-graph-bs-decode")
+    assert args[i + 1:i + 4] == ["1", "8", "32"] and args[args.index("--max-running-requests") + 1] == "32"
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", str(Path(__file__).parent / "assets/tiny-code-v1/target"), "--device",
+                              "cpu", *args[args.index("--cuda-graph-bs-decode"):]])
+    assert sa.cuda_graph_config.decode.bs == [1, 8, 32] and sa.cuda_graph_config.prefill.backend == "disabled"
 
 
 def test_spec_args():
