@@ -47,18 +47,21 @@ def _min_rel_gap(scores: torch.Tensor) -> float:
 
 
 def _first_forward_diff(ours_scores: torch.Tensor, stock_scores: torch.Tensor | None, topk: int):
-    """``[median, max]`` relative difference of the first draft forward's child scores, or None.
+    """``([median, max], worst)``: relative difference of the first draft forward's child scores and, for the
+    request holding the max, both sides' sorted child scores ``[topk, topk]``; ``(None, None)`` without scores.
 
     The step-1 candidates ``scores[j] * p[j, c]`` follow one forward from the same input frontier in both
     drafts (nothing upstream can have diverged), so this isolates one forward's numerics; children are
     compared sorted within each parent, since tied tokens may be listed in either order."""
     width = topk + topk * topk
     if stock_scores is None or stock_scores.shape[1] < width:
-        return None
+        return None, None
     ours = ours_scores[:, topk:width].reshape(-1, topk, topk).sort(dim=-1).values
     theirs = stock_scores[:, topk:width].reshape(-1, topk, topk).sort(dim=-1).values
-    rel = ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).flatten()
-    return [rel.median().item(), rel.max().item()]
+    rel = (ours - theirs).abs() / theirs.abs().clamp_min(1e-30)
+    worst = divmod(int(rel.flatten().argmax()), topk * topk)[0]  # the request holding the largest difference
+    return [rel.median().item(), rel.max().item()], {"request": worst, "ours": ours[worst].tolist(),
+                                                     "stock": theirs[worst].tolist()}
 
 
 def record(path: str, ours, stock, stock_scores: torch.Tensor | None, topk: int) -> dict:
@@ -81,7 +84,7 @@ def record(path: str, ours, stock, stock_scores: torch.Tensor | None, topk: int)
         elif stock_scores is not None:
             line["differing_min_rel_gap"].append(_min_rel_gap(stock_scores[b]))
     line["max_rel_score_diff"] = max(errors, default=None)
-    line["first_forward_rel_p_diff"] = _first_forward_diff(ours[3], stock_scores, topk)
+    line["first_forward_rel_p_diff"], line["first_forward_worst"] = _first_forward_diff(ours[3], stock_scores, topk)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
     return line

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
@@ -237,6 +238,7 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path, monkeypatch):
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"draft-check-{pair}.json"), "w") as f:
             json.dump(report, f, indent=1)
+        shutil.copy(check_file, os.path.join(os.environ["E2E_REPORT_DIR"], f"draft-check-{pair}.jsonl"))
     assert lines and requests_ >= len(PROMPTS)
     # Measured on an H100 (2026-11-26): 78 % (trained pair) / 67 % (random EAGLE-1) of trees equal SGLang's;
     # every differing one follows two candidate scores within 0.5 % of each other (a bf16 near-tie).
