@@ -9,7 +9,9 @@ never 0 and never equal to a running sum (divided by a threshold of 1 or 0.5), s
 do are tested separately.
 """
 
+import json
 import math
+import os
 import random
 
 import numpy as np
@@ -470,6 +472,9 @@ def test_boundary_cases_vs_sgl_kernel(case, record_property):
     accepted_by_sgl_kernel = theirs[1][0, 1].item() if theirs[2].item() > 0 else None
     record_property("sgl_kernel_accepted_child", accepted_by_sgl_kernel)
     print(f"{name}: sgl-kernel accepts child {accepted_by_sgl_kernel}, strict rule child {accepted}")
+    if os.environ.get("E2E_REPORT_DIR"):  # the GPU run's record of the installed sgl-kernel's rule
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "sgl-kernel-boundary.jsonl"), "a") as f:
+            f.write(json.dumps({"case": name, "sgl_kernel": accepted_by_sgl_kernel, "strict": accepted}) + "\n")
     assert (ours[1][0, 1].item() if ours[2].item() > 0 else None) == accepted
     if accepted is not None:
         assert ours[0][0].item() == inputs[0][0, accepted].item()
