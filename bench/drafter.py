@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 from pathlib import Path
 
@@ -28,7 +29,13 @@ from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
 
-from kernels import copy_bandwidth  # bench/kernels.py, beside this script
+
+def _bench_kernels():
+    """bench/kernels.py, beside this script, by path (a package named ``kernels`` may be installed too)."""
+    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent / "kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -90,13 +97,16 @@ def bench_ops(w, rows_n, bandwidth):
     res = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
     out = {name: torch.empty(rows_n, n, device="cuda", dtype=torch.bfloat16)
            for name, n in (("qkv", w.qkv.shape[0]), ("h", H), ("act", w.gate_up.shape[0] // 2))}
+    def norm(v):  # SGLang's post-attention RMSNorm of the fp32 residual sum, in torch
+        return F.rms_norm(v, (H,), w.post_norm.float(), 1e-5).bfloat16()
+
     cases = {  # op: (ours(weight), cuBLAS(weight), weight)
         "qkv": (lambda wt: linear(x2, wt, out["qkv"]), lambda wt: F.linear(x2, wt), w.qkv),
         "o_proj + residual": (lambda wt: linear(x, wt, out["h"], residual=res, out_sum=x_sum),
                               lambda wt: F.linear(x, wt) + res, w.o_proj),
         "gate_up + silu_mul": (lambda wt: linear(x_sum, wt, out["act"], norm_weight=w.post_norm, eps=1e-5,
                                                  silu_mul=True),
-                               lambda wt: F.silu((g := F.linear(x, wt)).chunk(2, -1)[0]) * g.chunk(2, -1)[1],
+                               lambda wt: F.silu((g := F.linear(norm(x_sum), wt)).chunk(2, -1)[0]) * g.chunk(2, -1)[1],
                                w.gate_up),
         "down + residual": (lambda wt: linear(act, wt, out["h"], residual=res),
                             lambda wt: F.linear(act, wt) + res, w.down),
@@ -147,7 +157,7 @@ def main():
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     out_dir = Path(parser.parse_args().out)
     gpu = torch.cuda.get_device_name()
-    bandwidth = copy_bandwidth()
+    bandwidth = _bench_kernels().copy_bandwidth()
     w, _ = random_draft(True, "cuda", **DIMS)
     draft_rows = []
     for steps, topk, n in CONFIGS:

@@ -320,7 +320,8 @@ def main(argv=None):
                     print(name, batch, result, json.dumps(stages), flush=True)
             finally:
                 server.stop()
-            save(args.out, rows)  # after every server: a sweep cut short keeps what it measured
+                if rows:  # after every server, failed or not: a sweep cut short keeps what it measured
+                    save(args.out, rows)
 
 
 def save(path: Path, rows: list[dict]) -> None:

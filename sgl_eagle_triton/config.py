@@ -133,6 +133,9 @@ def _validate(sa) -> None:
         _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
     if sa.enable_lora:
         _refuse("LoRA adapters", "Drop --enable-lora / --lora-paths.")
+    if getattr(sa, "enable_unified_memory", False):
+        # Its pools size req_to_token rows without get_req_to_token_extra_context_len (see req_to_token_headroom).
+        _refuse("--enable-unified-memory yet", "Drop the flag.")
     if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or -1) > 0:
         _refuse("SGLANG_SIMULATE_ACC_LEN (simulated acceptance)", "Unset it, or use EAGLE/EAGLE3 to simulate.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
@@ -197,16 +200,31 @@ def req_to_token_headroom(extra: int, server_args, *args, **kwargs) -> int:
     ``req_to_token`` rows hold the whole per-decode KV reservation, page size 1 included.
 
     SGLang 0.5.17 widens the rows (``context_len + 4 + draft tokens``) to the reservation
-    (``2 * max(topk * steps, draft tokens)``, ``eagle_prepare_for_decode``) only when ``page_size > 1``.
-    With page size 1 and ``topk * steps > draft tokens + 6`` (e.g. the default 5 / 4 / 8), a request within
-    ~40 tokens of the context limit gets slots assigned past its row's end: they land in the next request's
-    row (overwriting its first KV indices; past the tensor for the last row) and are never freed (~6 slots per
-    such request, until the idle leak check stops the scheduler). A row of ``context_len + reservation`` holds
-    any allocation, since the committed length never exceeds the context.
+    (``2 * max(topk * steps, draft tokens)`` past the committed length, ``eagle_prepare_for_decode``) only when
+    ``page_size > 1``. With page size 1 the reservation outgrows the row whenever it exceeds the headroom plus the
+    few tokens a decoding request stays below the context (e.g. the default 5 / 4 / 8: 40 against 12): a
+    request near the context limit gets slots assigned past its row's end, which land in the next request's row
+    (overwriting its first KV indices; past the tensor for the last row) and are never freed (up to 25 per
+    request at 5 / 4 / 8; ~130 in the load test, until the idle leak check stops the scheduler). A row of
+    ``context_len + reservation`` holds any allocation, since the committed length never exceeds the context.
     """
     if getattr(server_args, "speculative_algorithm", None) != "EAGLE_TRITON":
         return extra
     from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
 
     return max(extra, get_alloc_reserve_per_decode(server_args) + server_args.page_size - 1)
+
+
+def check_req_to_token_rows(row_width: int, context_len: int, server_args) -> None:
+    """At worker start: the pool's rows really hold the reservation (fails if the hook above was not applied,
+    e.g. a pool built by a path that sizes its rows itself)."""
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    need = context_len + get_alloc_reserve_per_decode(server_args)
+    if row_width < need:
+        raise RuntimeError(
+            f"EAGLE_TRITON: req_to_token rows hold {row_width} tokens, but a request near the context limit "
+            f"({context_len}) reserves up to {need}; the plugin's hook on {REQ_TO_TOKEN_HEADROOM_TARGET} was not "
+            "applied in this process (is sgl-eagle-triton loaded through SGLang's plugins?)."
+        )
 

@@ -77,6 +77,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
     def alloc_memory_pool(self, *args, **kwargs):
         super().alloc_memory_pool(*args, **kwargs)
+        config.check_req_to_token_rows(self.req_to_token_pool.req_to_token.shape[1],
+                                       self.target_worker.model_config.context_len, self.server_args)
         weights = draft_weights(self.draft_runner.model, self.hot_token_id)
         pool = self.draft_runner.token_to_kv_pool
         layer_id = self.draft_runner.model.model.layers[0].self_attn.attn.layer_id

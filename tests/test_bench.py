@@ -21,9 +21,6 @@ def test_markdown_table_has_one_line_per_case():
 
 
 def test_drafter_markdown():
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))  # bench/drafter.py imports bench/kernels.py
     spec = importlib.util.spec_from_file_location("bench_drafter", Path(__file__).parent.parent / "bench" / "drafter.py")
     drafter = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(drafter)
@@ -35,3 +32,4 @@ def test_drafter_markdown():
     chain = [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5)]
     assert "batch 1, in launch order" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
     assert "_linear_kernel 38.0, _merge_kernel 2.5" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
+    assert callable(drafter._bench_kernels().copy_bandwidth)

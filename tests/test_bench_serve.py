@@ -73,3 +73,5 @@ def test_breakdown_table_rest_of_the_cycle():
     table = serve.breakdown([dict(row("eagle_triton", 1, 9.0), stages=stages), row("eagle3", 1, 8.0)])
     assert table.count("| eagle_triton | 5,8,32 | 1 | 9.00 | 1.50 | 0.50 | 6.00 | - | 1.00 |") == 1
     assert "| eagle3 |" not in table and serve.breakdown([row("eagle3", 1, 8.0)]) == ""
+    nospec = dict(row("nospec", 1, 6.5), stages={"decode": {"gpu_busy_ms": 6.2}})
+    assert "| nospec | - | 1 | 6.50 | - | - | - | 6.20 | 0.30 |" in serve.breakdown([nospec])

@@ -75,6 +75,24 @@ def test_req_to_token_rows_hold_the_draft_reservation():
     assert kv_cache_configurator.get_req_to_token_extra_context_len(stock) == 4 + stock.speculative_num_draft_tokens
 
 
+@pytest.mark.parametrize("tree", ["5,4,8", "7,1,8", "3,4,16", "3,1,4", "8,8,64"])
+def test_req_to_token_rows_fit_every_tree_shape(tree):
+    """A request decodes with a committed length up to the context; its reservation must stay in its row."""
+    from sglang.srt.mem_cache import kv_cache_configurator
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    steps, topk, n = tree.split(",")
+    sa = _args("--speculative-num-steps", steps, "--speculative-eagle-topk", topk, "--speculative-num-draft-tokens", n)
+    context = 1024
+    row = context + kv_cache_configurator.get_req_to_token_extra_context_len(sa)
+    assert context + get_alloc_reserve_per_decode(sa) <= row
+    config.check_req_to_token_rows(row, context, sa)
+    stock_row = context + 4 + sa.speculative_num_draft_tokens
+    if get_alloc_reserve_per_decode(sa) > stock_row - context:  # all but 3,1,4 (8 <= 4 + 4)
+        with pytest.raises(RuntimeError, match="req_to_token rows hold"):
+            config.check_req_to_token_rows(stock_row, context, sa)
+
+
 @pytest.mark.parametrize("kind", [config.EAGLE3, config.EAGLE])
 def test_predicates_follow_draft_kind(monkeypatch, kind):
     monkeypatch.setenv(config.DRAFT_KIND_ENV, kind)
@@ -156,6 +174,7 @@ def _unsupported_draft(tmp_path):
          "min(1 + topk + (steps-1)*topk^2, 128)"),
         (["--speculative-draft-window-size", "64"], "--speculative-draft-window-size"),
         (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
+        (["--enable-unified-memory"], "--enable-unified-memory"),
         (["--speculative-adaptive"], "--speculative-adaptive"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
         (["--tp", "2"], "tensor/pipeline parallelism (tp=2, pp=1)"),
