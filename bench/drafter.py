@@ -128,7 +128,7 @@ def bench_ops(w, rows_n, bandwidth):
     return rows
 
 
-def markdown(draft_rows, op_rows, gpu, bandwidth, chain=()) -> str:
+def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
     lines = [
         f"# Fused drafter on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)",
         "",
@@ -146,9 +146,14 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=()) -> str:
     for ours, ref in zip(op_rows[::2], op_rows[1::2]):
         lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
                      f"{ours['floor_us']:.1f} | {ours['over_floor']:.2f} | {ours['graph_us'] / ref['graph_us']:.2f} |")
-    if chain:
-        lines += ["", f"Kernels of one draft at {CONFIGS[0]}, batch 1, in launch order (eager, profiler device time, us): "
-                  + ", ".join(f"{k['kernel']} {k['us']:.1f}" for k in chain)]
+    for bs, kernels in (chain or {}).items():
+        totals: dict = {}  # kernel -> [launches, us], in first-launch order
+        for k in kernels:
+            entry = totals.setdefault(k["kernel"], [0, 0.0])
+            entry[0] += 1
+            entry[1] += k["us"]
+        lines += ["", f"Kernels of one draft at {CONFIGS[0]}, batch {bs} (eager, profiler device time): "
+                  + ", ".join(f"{name} {n}x {us:.1f} us" for name, (n, us) in totals.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -164,8 +169,7 @@ def main():
         for bs in BATCHES:
             draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth))
             print(draft_rows[-1], flush=True)
-    chain = chain_kernels(w, *CONFIGS[0], 1)
-    print(chain, flush=True)
+    chain = {bs: chain_kernels(w, *CONFIGS[0], bs) for bs in (1, 32)}
     op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth)]
     for r in op_rows:
         r["gpu"] = gpu

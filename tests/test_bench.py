@@ -29,7 +29,8 @@ def test_drafter_markdown():
                for impl, t in (("triton (ours)", 36.0), ("cuBLAS + torch", 40.0))]
     table = drafter.markdown(draft_rows, op_rows, "GPU X", 3e12)
     assert "| 5,8,32 | 1 | 1500 | 1000 | 1.50 |" in table and "| qkv | 8 | 36.0 | 40.0 | 30.0 | 1.20 | 0.90 |" in table
-    chain = [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5)]
-    assert "batch 1, in launch order" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
-    assert "_linear_kernel 38.0, _merge_kernel 2.5" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
+    chain = {1: [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5),
+                 dict(kernel="_linear_kernel", us=10.0)]}
+    assert "batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
+        drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
     assert callable(drafter._bench_kernels().copy_bandwidth)
