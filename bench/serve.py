@@ -10,10 +10,12 @@ map meaningless), all systems with the same attention backend. Each server runs 
 merged into ``--out`` so a long sweep can span several calls.
 
 Measurement (black box, no host sync inside SGLang): ``batch`` concurrent streamed ``/generate``
-requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. Per request, the decode
-time is first streamed token to last; cycles are ``spec_verify_ct`` (speculative) or tokens - 1
-(no speculation). ``cycle_ms`` is the median over requests of decode time / cycles. Prefill is
-excluded; acceptance with random weights is ~1, which changes token ids but not cost.
+requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. SGLang streams one chunk per
+decode cycle, so ``cycle_ms`` is the median over requests of the median gap between chunks (steady state:
+the prefills of requests admitted later and the ramp-up do not count); ``mean_cycle_ms`` is the median over
+requests of (last chunk - first) / cycles (``spec_verify_ct``, or tokens - 1 without speculation), which
+does count them; ``chunks_per_cycle`` is 1.0 unless outputs were coalesced. Acceptance with random weights
+is ~1, which changes token ids but not cost.
 
 Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed batch, the same load runs
 again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
@@ -102,33 +104,43 @@ def spec_args(system: str, draft: Path, config: tuple[int, int, int]) -> list[st
 
 
 def timed_request(url: str, prompt: list[int]) -> dict:
-    """One streamed /generate: (first token time, last time, meta_info of the last chunk)."""
+    """One streamed /generate: arrival time of every chunk, meta_info of the last chunk."""
     import requests
 
     body = {"input_ids": prompt, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}}
-    first = last = None
-    meta = {}
+    times, meta = [], {}
     with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines(decode_unicode=True):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: "):])
-            last = time.perf_counter()
-            first = first or last
+            times.append(time.perf_counter())
             meta = chunk.get("meta_info", meta)
-    return {"first": first, "last": last, "meta": meta}
+    return {"times": times, "meta": meta}
+
+
+def _cycles(meta: dict) -> int:
+    return meta.get("spec_verify_ct") or meta["completion_tokens"] - 1  # verify cycles, or decode steps
 
 
 def cycle_ms(results: list[dict]) -> float:
-    """Median over requests of decode time / decode cycles (verify cycles, or tokens after the first)."""
-    per_request = []
-    for res in results:
-        meta = res["meta"]
-        cycles = meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
-        per_request.append((res["last"] - res["first"]) * 1e3 / cycles)
-    return statistics.median(per_request)
+    """Steady-state decode cycle: median over requests of the median gap between streamed chunks (one chunk
+    per cycle after the prefill's), so neither other requests' prefills nor the ramp-up count."""
+    return statistics.median(statistics.median(b - a for a, b in zip(r["times"], r["times"][1:])) * 1e3
+                             for r in results)
+
+
+def mean_cycle_ms(results: list[dict]) -> float:
+    """Median over requests of decode time (first chunk to last) / decode cycles: prefills of other requests
+    that interrupt a request's decode count against it."""
+    return statistics.median((r["times"][-1] - r["times"][0]) * 1e3 / _cycles(r["meta"]) for r in results)
+
+
+def chunks_per_cycle(results: list[dict]) -> float:
+    """Streamed chunks after the first per decode cycle: 1.0 unless the server coalesced outputs."""
+    return statistics.mean((len(r["times"]) - 1) / _cycles(r["meta"]) for r in results)
 
 
 def measure(url: str, batch: int, seed: int = 0) -> dict:
@@ -140,7 +152,8 @@ def measure(url: str, batch: int, seed: int = 0) -> dict:
     with ThreadPoolExecutor(batch) as pool:
         results = list(pool.map(lambda p: timed_request(url, p), prompts))
     accept = [r["meta"].get("spec_accept_length", 1.0) for r in results]
-    return {"cycle_ms": cycle_ms(results), "accept_length": statistics.mean(accept)}
+    return {"cycle_ms": cycle_ms(results), "mean_cycle_ms": mean_cycle_ms(results),
+            "chunks_per_cycle": chunks_per_cycle(results), "accept_length": statistics.mean(accept)}
 
 
 def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:

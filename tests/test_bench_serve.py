@@ -41,10 +41,12 @@ def test_spec_args():
     assert serve.spec_args("eagle_triton", Path("/d"), (5, 8, 32))[:2] == ["--speculative-algorithm", "EAGLE_TRITON"]
 
 
-def test_cycle_ms_uses_verify_cycles_or_tokens():
-    spec = {"first": 1.0, "last": 1.5, "meta": {"spec_verify_ct": 50, "completion_tokens": 101}}
-    plain = {"first": 0.0, "last": 1.0, "meta": {"completion_tokens": 101}}
-    assert serve.cycle_ms([spec]) == pytest.approx(10.0) and serve.cycle_ms([plain]) == pytest.approx(10.0)
+def test_cycle_estimators():
+    # 5 verify cycles of 10 ms after the first chunk, one of them stretched to 50 ms by another request's prefill
+    spec = {"times": [0.0, 0.05, 0.06, 0.07, 0.08, 0.09], "meta": {"spec_verify_ct": 5, "completion_tokens": 11}}
+    assert serve.cycle_ms([spec]) == pytest.approx(10.0) and serve.mean_cycle_ms([spec]) == pytest.approx(18.0)
+    plain = {"times": [0.0, 0.01, 0.02], "meta": {"completion_tokens": 3}}
+    assert serve.mean_cycle_ms([plain]) == pytest.approx(10.0) and serve.chunks_per_cycle([spec, plain]) == 1.0
 
 
 def test_merge_replaces_same_case(tmp_path):
