@@ -112,7 +112,7 @@ def timed_request(url: str, prompt: list[int]) -> dict:
     times, meta = [], {}
     with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines(decode_unicode=True):
+        for line in r.iter_lines(chunk_size=None, decode_unicode=True):  # each HTTP chunk as it arrives
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: "):])

@@ -77,3 +77,44 @@ def test_breakdown_table_rest_of_the_cycle():
     assert "| eagle3 |" not in table and serve.breakdown([row("eagle3", 1, 8.0)]) == ""
     nospec = dict(row("nospec", 1, 6.5), stages={"decode": {"gpu_busy_ms": 6.2}})
     assert "| nospec | - | 1 | 6.50 | - | - | - | 6.20 | 0.30 |" in serve.breakdown([nospec])
+
+
+def test_measure_against_a_streaming_stub(monkeypatch):
+    """measure() end to end over HTTP: a stub /generate streams a first chunk, then one chunk per 'cycle'
+    every 50 ms except one 250 ms stall; the steady-state estimator sees 50 ms, the whole-request one 90."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Generate(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # chunked transfer, as SGLang streams
+
+        def chunk(self, text: str) -> None:
+            data = text.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(6):
+                time.sleep(0.25 if i == 2 else 0.05 if i else 0)
+                meta = {"completion_tokens": i + 1, "spec_verify_ct": i, "spec_accept_length": 1.0}
+                self.chunk(f"data: {json.dumps({'meta_info': meta})}\n\n")
+            self.chunk("data: [DONE]\n\n")
+            self.chunk("")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = serve.measure(f"http://127.0.0.1:{server.server_port}", batch=2)
+    finally:
+        server.shutdown()
+    assert result["cycle_ms"] == pytest.approx(50, rel=0.4) and result["mean_cycle_ms"] == pytest.approx(90, rel=0.4)
+    assert result["chunks_per_cycle"] == 1.0 and result["accept_length"] == 1.0
