@@ -13,7 +13,8 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BANNER = ("[2026-11-26 10:00:00 TP0] EAGLE_TRITON (eagle3 draft, steps=5 topk=4 draft_tokens=8): draft forward: "
-          "SGLang (stock); build tree: triton sgl_eagle_triton.kernels.build_tree")
+          "triton sgl_eagle_triton.drafter (draft_input, linear, draft_attention, lm_head_topk, draft_select, "
+          "draft_organize); build tree: triton sgl_eagle_triton.kernels.build_tree")
 RAN = "[2026-11-26 10:00:01 TP0] EAGLE_TRITON: triton build_tree ran (first call in this process)"
 METRICS = """# HELP sglang:spec_verify_calls_total Number of speculative decoding verification calls.
 # TYPE sglang:spec_verify_calls_total counter

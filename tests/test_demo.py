@@ -84,8 +84,8 @@ def test_server_acceptance_lines():
 def test_kernel_lines_take_the_banner_and_ran_lines_once():
     log = "\n".join([
         "[2026-11-26 10:00:00 TP0] Load weight end.",
-        "[2026-11-26 10:00:01 TP0] EAGLE_TRITON (eagle3 draft, steps=5 topk=4 draft_tokens=8): draft forward: SGLang "
-        "(stock); build tree: triton sgl_eagle_triton.kernels.build_tree; verify greedy: triton x",
+        "[2026-11-26 10:00:01 TP0] EAGLE_TRITON (eagle3 draft, steps=5 topk=4 draft_tokens=8): draft forward: triton "
+        "sgl_eagle_triton.drafter (draft_input, linear); build tree: triton sgl_eagle_triton.kernels.build_tree",
         "[2026-11-26 10:00:02 TP0] EAGLE_TRITON: triton build_tree ran (first call in this process)",
         "[2026-11-26 10:00:03 TP0] EAGLE_TRITON: triton build_tree ran (first call in this process)",
         "[2026-11-26 10:00:04 TP0] EAGLE_TRITON: triton verify_tree_greedy ran (first call in this process)",
@@ -95,7 +95,7 @@ def test_kernel_lines_take_the_banner_and_ran_lines_once():
     assert [line[:40] for line in lines] == ["EAGLE_TRITON (eagle3 draft, steps=5 topk",
                                              "EAGLE_TRITON: triton build_tree ran (fir",
                                              "EAGLE_TRITON: triton verify_tree_greedy "]
-    assert lines[0].endswith("verify greedy: triton x")
+    assert lines[0].endswith("build tree: triton sgl_eagle_triton.kernels.build_tree")
 
 
 def _dead(pid: int, timeout_s: float = 10) -> bool:
