@@ -17,10 +17,14 @@ and row overwrite near the context limit; other algorithms are left as they are)
 
 from __future__ import annotations
 
+import logging
+
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config
+
+logger = logging.getLogger(__name__)
 
 
 class EagleTritonSpecAlgo(CustomSpecAlgo):
@@ -71,8 +75,12 @@ def _worker_factory(server_args):
 
 
 def _register_hooks() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:  # an SGLang without the registry: the worker's row check refuses to start instead
+        logger.warning("%s: this SGLang has no plugin hook registry; req_to_token rows stay as SGLang sizes them",
+                       ALGORITHM_NAME)
+        return
     HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
 
 
