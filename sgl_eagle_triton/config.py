@@ -2,7 +2,8 @@
 
 Everything here runs at server start, in the launcher process, before any model loads: what
 EAGLE_TRITON cannot serve yet is refused here with a message that says what to change, never
-discovered mid-request. The draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the
+discovered mid-request. (Two exceptions run in the scheduler: :func:`req_to_token_headroom`, a hook on
+SGLang's pool sizing, and :func:`check_req_to_token_rows`, the worker's start-up check of its effect.) The draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the
 draft checkpoint's ``architectures[0]``, and exported through ``DRAFT_KIND_ENV`` so that every
 spawned SGLang process answers ``is_eagle3()`` identically.
 
@@ -227,4 +228,3 @@ def check_req_to_token_rows(row_width: int, context_len: int, server_args) -> No
             f"({context_len}) reserves up to {need}; the plugin's hook on {REQ_TO_TOKEN_HEADROOM_TARGET} was not "
             "applied in this process (is sgl-eagle-triton loaded through SGLang's plugins?)."
         )
-
