@@ -18,35 +18,15 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import requires_cuda
+from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
+
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.reference.tree_sampling import tree_speculative_sampling as tree_speculative_sampling_ref
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 QUANTUM = 2.0**-20  # target probabilities are multiples of this (see the module docstring)
 ULP_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
-
-
-def make_tree(rng, n, max_depth, topk):
-    """A random draft tree of ``n`` nodes linked as SGLang's build_tree links them.
-
-    Node ``r`` gets a random parent among nodes ``< r`` of depth ``< max_depth`` with fewer than ``topk``
-    children (any node of depth ``< max_depth`` once none is left). A node's first child is its smallest,
-    each child's next sibling the next larger one. Returns (next_token, next_sibling, children) lists.
-    """
-    depth, children = [0], [[]]
-    for r in range(1, n):
-        open_nodes = [p for p in range(r) if depth[p] < max_depth]
-        parent = rng.choice([p for p in open_nodes if len(children[p]) < topk] or open_nodes)
-        children[parent].append(r)
-        depth.append(depth[parent] + 1)
-        children.append([])
-    next_token = [kids[0] if kids else -1 for kids in children]
-    next_sibling = [-1] * n
-    for kids in children:
-        for a, c in zip(kids, kids[1:]):
-            next_sibling[a] = c
-    return next_token, next_sibling, children
 
 
 def quantize(probs):
@@ -110,26 +90,11 @@ def make_case(rng, bs, n, max_depth, topk, vocab, modes, mode_weights):
     return (*trees, coins(gen, (bs, n)), coins(gen, (bs,)), quantize(probs))
 
 
-def poisoned_outputs(rng, bs, n, num_spec):
-    """int32 outputs pre-filled with random junk, so that untouched elements are detectable."""
-    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    return tuple(
-        torch.randint(-(1 << 31), 1 << 31, shape, generator=gen).to(torch.int32)
-        for shape in ((bs * n,), (bs, num_spec), (bs,))
-    )
-
-
 def check(rng, device, spec_steps, inputs, thresholds=(1.0, 1.0)):
     """Run kernel and reference on identical poisoned outputs; all three must match exactly."""
     bs, n = inputs[0].shape
-    outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
-    expected = [t.clone() for t in outputs]
-    tree_speculative_sampling_ref(*expected, *inputs, *thresholds)
-    got = [t.to(device) for t in outputs]
-    tree_speculative_sampling(*got, *(t.to(device) for t in inputs), *thresholds)
-    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), got, expected):
-        assert torch.equal(g.cpu(), e), name
-    return expected
+    return check_against_reference(tree_speculative_sampling, tree_speculative_sampling_ref,
+                                   poisoned_outputs(rng, bs, n, spec_steps + 1), inputs, device, thresholds)
 
 
 def random_case(seed):
@@ -422,8 +387,7 @@ def matches_sgl_kernel(rng, spec_steps, inputs, thresholds):
     theirs = [t.clone() for t in ours]
     tree_speculative_sampling(*ours, *inputs, *thresholds)
     sgl_kernel_outputs(sgl_kernel, theirs, inputs, thresholds)
-    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), ours, theirs):
-        assert torch.equal(g, e), name
+    assert_same_outputs(ours, theirs)
 
 
 @requires_cuda
@@ -488,19 +452,8 @@ def test_cuda_graph_replay(vocab):
     rng = random.Random(0)
     bs, n, spec_steps = 4, 16, 5
     modes, weights = ("follow", "sparse", "dense"), (0.6, 0.2, 0.2)
-    inputs = [t.cuda() for t in make_case(rng, bs, n, spec_steps, 4, vocab, modes, weights)]
-    outputs = [t.cuda() for t in poisoned_outputs(rng, bs, n, spec_steps + 1)]
-    tree_speculative_sampling(*outputs, *inputs)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tree_speculative_sampling(*outputs, *inputs)
-    for _ in range(3):
-        fresh_inputs = make_case(rng, bs, n, spec_steps, 4, vocab, modes, weights)
-        fresh_outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
-        for dst, src in zip(inputs + outputs, fresh_inputs + fresh_outputs):
-            dst.copy_(src)
-        expected = [t.clone() for t in fresh_outputs]
-        tree_speculative_sampling_ref(*expected, *fresh_inputs)
-        graph.replay()
-        for g, e in zip(outputs, expected):
-            assert torch.equal(g.cpu(), e)
+    def fresh():
+        return make_case(rng, bs, n, spec_steps, 4, vocab, modes, weights), poisoned_outputs(rng, bs, n, spec_steps + 1)
+
+    inputs, outputs = ([t.cuda() for t in ts] for ts in fresh())
+    check_graph_replay(tree_speculative_sampling, tree_speculative_sampling_ref, inputs, outputs, fresh)

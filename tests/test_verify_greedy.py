@@ -5,37 +5,28 @@ import random
 import pytest
 import torch
 
+from conftest import requires_cuda
+from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
+
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
 from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def make_case(rng, bs, n, max_depth, topk, vocab, p_follow):
     """Random draft trees linked as SGLang's build_tree links them: five [bs, n] int64 CPU tensors.
 
-    Node ``r`` gets a random parent among nodes ``< r`` of depth ``< max_depth`` with fewer than ``topk``
-    children (any node of depth ``< max_depth`` once none is left). Its first child is its smallest, each
-    child's next sibling the next larger one. The draft tokens come from ``vocab`` ids; ``target_predict`` at
+    Trees from :func:`tree_cases.make_tree`. The draft tokens come from ``vocab`` ids; ``target_predict`` at
     a node is the token of one of its children with probability ``p_follow``, else a random id, and an
     out-of-vocab id (never accepted) when ``p_follow == 0``.
     """
     candidates = [[rng.randrange(vocab) for _ in range(n)] for _ in range(bs)]
-    next_token = [[-1] * n for _ in range(bs)]
-    next_sibling = [[-1] * n for _ in range(bs)]
+    next_token, next_sibling = [], []
     target_predict = [[vocab] * n for _ in range(bs)]
     for b in range(bs):
-        depth, children = [0], [[]]
-        for r in range(1, n):
-            open_nodes = [p for p in range(r) if depth[p] < max_depth]
-            parent = rng.choice([p for p in open_nodes if len(children[p]) < topk] or open_nodes)
-            children[parent].append(r)
-            depth.append(depth[parent] + 1)
-            children.append([])
+        first, sibling, children = make_tree(rng, n, max_depth, topk)
+        next_token.append(first)
+        next_sibling.append(sibling)
         for p, kids in enumerate(children):
-            next_token[b][p] = kids[0] if kids else -1
-            for a, c in zip(kids, kids[1:]):
-                next_sibling[b][a] = c
             if kids and rng.random() < p_follow:
                 target_predict[b][p] = candidates[b][rng.choice(kids)]
             elif p_follow > 0:
@@ -44,25 +35,10 @@ def make_case(rng, bs, n, max_depth, topk, vocab, p_follow):
     return tuple(torch.tensor(t) for t in (candidates, retrieve_index, next_token, next_sibling, target_predict))
 
 
-def poisoned_outputs(rng, bs, n, num_spec):
-    """int32 outputs pre-filled with random junk, so that untouched elements are detectable."""
-    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    return tuple(
-        torch.randint(-(1 << 31), 1 << 31, shape, generator=gen).to(torch.int32)
-        for shape in ((bs * n,), (bs, num_spec), (bs,))
-    )
-
-
 def check(rng, device, bs, n, spec_steps, inputs):
     """Run kernel and reference on identical poisoned outputs; all three must match exactly."""
-    outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
-    expected = [t.clone() for t in outputs]
-    verify_tree_greedy_ref(*expected, *inputs)
-    got = [t.to(device) for t in outputs]
-    verify_tree_greedy(*got, *(t.to(device) for t in inputs))
-    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), got, expected):
-        assert torch.equal(g.cpu(), e), name
-    return expected
+    return check_against_reference(verify_tree_greedy, verify_tree_greedy_ref,
+                                   poisoned_outputs(rng, bs, n, spec_steps + 1), inputs, device)
 
 
 def random_config(rng, seed):
@@ -136,8 +112,7 @@ def test_matches_sgl_kernel(seed):
         retrive_next_sibling=next_sibling,
         target_predict=target_predict,
     )
-    for name, g, e in zip(("predicts", "accept_index", "accept_token_num"), ours, theirs):
-        assert torch.equal(g, e), name
+    assert_same_outputs(ours, theirs)
 
 
 @requires_cuda
@@ -145,19 +120,8 @@ def test_cuda_graph_replay():
     """Captured once, the launch verifies fresh inputs copied into the captured buffers."""
     rng = random.Random(0)
     bs, n, spec_steps = 4, 16, 5
-    inputs = [t.cuda() for t in make_case(rng, bs, n, spec_steps, 4, 6, 0.7)]
-    outputs = [t.cuda() for t in poisoned_outputs(rng, bs, n, spec_steps + 1)]
-    verify_tree_greedy(*outputs, *inputs)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        verify_tree_greedy(*outputs, *inputs)
-    for _ in range(3):
-        fresh_inputs = make_case(rng, bs, n, spec_steps, 4, 6, 0.7)
-        fresh_outputs = poisoned_outputs(rng, bs, n, spec_steps + 1)
-        for dst, src in zip(inputs + outputs, fresh_inputs + fresh_outputs):
-            dst.copy_(src)
-        expected = [t.clone() for t in fresh_outputs]
-        verify_tree_greedy_ref(*expected, *fresh_inputs)
-        graph.replay()
-        for g, e in zip(outputs, expected):
-            assert torch.equal(g.cpu(), e)
+    def fresh():
+        return make_case(rng, bs, n, spec_steps, 4, 6, 0.7), poisoned_outputs(rng, bs, n, spec_steps + 1)
+
+    inputs, outputs = ([t.cuda() for t in ts] for ts in fresh())
+    check_graph_replay(verify_tree_greedy, verify_tree_greedy_ref, inputs, outputs, fresh)
