@@ -53,16 +53,21 @@ def weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in (w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head))
 
 
-def bench_draft(w, steps, topk, n, bs, bandwidth):
+def draft_once(w, steps, topk, n, bs):
+    """A repeatable draft of a random batch (``bs`` requests, ``PREFIX``-token prefixes): a function that runs
+    ``FusedDrafter.draft`` and puts the positions it advanced back."""
     b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda")
-    positions = b["positions"]
     drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"])
 
     def run():
-        drafter.draft(b["topk_p"], b["topk_index"], b["hidden"], positions, b["seq_lens"], b["req_pool_indices"])
-        positions.sub_(steps - 1)
+        drafter.draft(b["topk_p"], b["topk_index"], b["hidden"], b["positions"], b["seq_lens"], b["req_pool_indices"])
+        b["positions"].sub_(steps - 1)
 
-    t = graph_us(run)
+    return run
+
+
+def bench_draft(w, steps, topk, n, bs, bandwidth):
+    t = graph_us(draft_once(w, steps, topk, n, bs))
     forwards = steps - 1
     kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * 2  # each request's prefix K and V, bf16
     floor = forwards * (weight_bytes(w) + kv_bytes) / bandwidth * 1e6
@@ -73,14 +78,11 @@ def bench_draft(w, steps, topk, n, bs, bandwidth):
 def chain_kernels(w, steps, topk, n, bs) -> list[dict]:
     """Device time of every kernel of one draft, in launch order (torch profiler over one eager draft after a
     warm-up): the ops as they run in the chain, to set beside the isolated per-op rows."""
-    b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda")
-    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"])
-    args = (b["topk_p"], b["topk_index"], b["hidden"], b["positions"], b["seq_lens"], b["req_pool_indices"])
-    drafter.draft(*args)
-    b["positions"].sub_(steps - 1)
+    run = draft_once(w, steps, topk, n, bs)
+    run()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        drafter.draft(*args)
+        run()
         torch.cuda.synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import random
 import statistics
 import sys
 import time
@@ -143,11 +144,14 @@ def chunks_per_cycle(results: list[dict]) -> float:
     return statistics.mean((len(r["times"]) - 1) / _cycles(r["meta"]) for r in results)
 
 
-def measure(url: str, batch: int, seed: int = 0) -> dict:
-    import random
-
+def random_prompts(batch: int, seed: int) -> list[list[int]]:
+    """``batch`` prompts of ``PROMPT_TOKENS`` random token ids."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+    return [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+
+
+def measure(url: str, batch: int, seed: int = 0) -> dict:
+    prompts = random_prompts(batch, seed)
     timed_request(url, prompts[0])  # warm-up
     with ThreadPoolExecutor(batch) as pool:
         results = list(pool.map(lambda p: timed_request(url, p), prompts))
@@ -159,14 +163,11 @@ def measure(url: str, batch: int, seed: int = 0) -> dict:
 def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
     """Per-cycle stage costs (:func:`trace_breakdown.stage_times`) over ``steps`` profiled forward passes
     while ``batch`` fresh requests decode."""
-    import random
-
     import requests
     from trace_breakdown import load_trace, stage_times
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(1)
-    prompts = [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+    prompts = random_prompts(batch, seed=1)
     with ThreadPoolExecutor(batch) as pool:
         running = [pool.submit(timed_request, url, p) for p in prompts]
         time.sleep(1.0)  # past the prefills: profile decode cycles only
