@@ -1,0 +1,37 @@
+"""Tile sweep of kernels/linear.py at 8B draft shapes (H200 results: results/2026-11-26-NVIDIA_H200-linear-sweep.json).
+
+    python bench/sweep_linear.py OUT.json
+"""
+import itertools, torch, triton, json, sys
+from sgl_eagle_triton.kernels.linear import _linear_kernel
+res = {}
+for M, N, K, silu, xdt in [(256, 14336, 4096, True, torch.float32), (256, 6144, 8192, False, torch.bfloat16),
+                           (64, 14336, 4096, True, torch.float32), (256, 4096, 14336, False, torch.bfloat16),
+                           (8, 14336, 4096, True, torch.float32), (8, 4096, 14336, False, torch.bfloat16)]:
+    x = torch.randn(M, K, device="cuda", dtype=xdt)
+    w = torch.randn((2 if silu else 1) * N, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    nw = torch.ones(K, device="cuda", dtype=torch.bfloat16)
+    best = []
+    for bm, bn, bk, st, nwarp in itertools.product([16, 32, 64, 128], [32, 64, 128], [64, 128], [2, 4], [4, 8]):
+        if (nwarp == 8) != (bm >= 64): continue
+        if bm > max(16, M): continue
+        smem = st * (bm * bk * x.element_size() + (1 + silu) * bn * bk * 2)
+        if smem > 220000: continue
+        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+        f = lambda: _linear_kernel[grid](x, x.stride(0), w, out, nw, out, 0, out, out.stride(0), out, M, N, 1e-5,
+                                         K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=False,
+                                         WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nwarp,
+                                         num_stages=st)
+        try:
+            f(); torch.cuda.synchronize()
+            with torch.cuda.stream(torch.cuda.Stream()):
+                t = triton.testing.do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3
+        except Exception as e:
+            continue
+        best.append((t, bm, bn, bk, st, nwarp))
+    best.sort()
+    key = f"M{M} N{N} K{K} silu{silu}"
+    res[key] = best[:5]
+    print(key, best[:5], flush=True)
+json.dump(res, open(sys.argv[1], "w"), indent=1)
