@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import triton
 
 from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.reference.linear import linear as linear_ref
@@ -73,3 +74,17 @@ def test_fused_variants(device, M, flags):
 )
 def test_llama8b_draft_shapes(M, N, K, flags):
     run_case("cuda", M, N, K, **flags)
+
+
+@pytest.mark.parametrize("M, N, K, silu, x_bytes, stages", [
+    (256, 14336, 4096, True, 2, 2), (256, 6144, 8192, False, 2, 4), (64, 14336, 4096, True, 2, 4),
+    (256, 4096, 14336, False, 2, 4), (8, 14336, 4096, True, 4, 2), (8, 4096, 14336, False, 2, 4),
+])
+def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
+    """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB)."""
+    from sgl_eagle_triton.kernels.linear import _config, _num_stages
+
+    block_m, block_n, block_k, _ = _config(M, N)
+    stage_bytes = block_m * block_k * x_bytes + (1 + silu) * block_n * block_k * 2
+    programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    assert _num_stages(programs, stage_bytes, torch.device("cpu")) == stages

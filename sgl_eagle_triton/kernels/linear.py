@@ -74,8 +74,9 @@ def _linear_kernel(
         xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            xv = xv.to(tl.float32) * rstd[:, None] * nw[None, :]
-        xv = to_bf16(xv.to(tl.float32))
+            xv = to_bf16(xv.to(tl.float32) * rstd[:, None] * nw[None, :])
+        elif xv.dtype != tl.bfloat16:
+            xv = to_bf16(xv.to(tl.float32))  # a bf16 x goes to the MMA as loaded
         wv = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = mma(xv, tl.trans(wv), acc)
         if SILU_MUL:
@@ -128,11 +129,22 @@ def _config(M: int, N: int) -> tuple[int, int, int, int]:
 
 
 @functools.cache
-def _shared_memory(device: torch.device) -> int:
-    """Shared memory one block may use (bytes); the H100's 227 KB where there is no CUDA device."""
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    """``(shared memory one block may use in bytes, SMs)``; the H100's (227 KB, 132) where there is no GPU."""
     if device.type != "cuda":
-        return 232_448
-    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 232_448)
+        return 232_448, 132
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 232_448), props.multi_processor_count
+
+
+def _num_stages(programs: int, stage_bytes: int, device: torch.device) -> int:
+    """Pipeline depth: as deep as shared memory allows (at most 4) while every program of the grid is resident
+    at once (programs per SM = ``cdiv(programs, SMs)`` share an SM's shared memory), but at least 2. This rule
+    gives the best depth of an H200 sweep at all six 8B draft shapes tried (results/*-linear-sweep.json)."""
+    shared, sms = _device_limits(device)
+    budget = shared - 8192
+    resident = budget // (triton.cdiv(programs, sms) * stage_bytes)
+    return max(1, min(4, budget // stage_bytes, max(2, resident)))
 
 
 def linear(
@@ -165,12 +177,11 @@ def linear(
         _rms_norm_kernel[(M,)](x, x.stride(0), norm_weight, normed, eps, K=K,
                                BLOCK=min(1024, triton.next_power_of_2(K)), num_warps=4)
         x, norm_weight = normed, None
-    # Pipeline as deep as this GPU's shared memory allows; one stage holds an x tile and one (two with
-    # silu_mul) weight tiles.
+    # One pipeline stage holds an x tile and one (two with silu_mul) weight tiles.
     stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
-    num_stages = max(1, min(4, (_shared_memory(x.device) - 8192) // stage_bytes))
-    dummy = out
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, x.device)
+    dummy = out
     _linear_kernel[grid](
         x,
         x.stride(0),
