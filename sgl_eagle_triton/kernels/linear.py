@@ -58,11 +58,14 @@ def _linear_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
 
     if NORM:
+        # Four loads in flight per trip: this pass runs before any weight is read, so its latency is a bubble
+        # in the weight stream (32 dependent round trips at K 4096). Same summation order as one at a time.
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-            sum_sq += tl.sum(xv * xv, axis=1)
+        for k0 in range(0, K, 4 * BLOCK_K):
+            for j in tl.static_range(4):
+                ks = k0 + j * BLOCK_K + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+                sum_sq += tl.sum(xv.to(tl.float32) * xv.to(tl.float32), axis=1)
         rstd = tl.rsqrt(sum_sq / K + eps)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

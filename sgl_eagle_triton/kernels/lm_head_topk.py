@@ -71,11 +71,13 @@ def _lm_head_tile_kernel(
     x_rows = x_ptr + tl.minimum(rows, R - 1).to(tl.int64)[:, None] * x_row_stride + ks[None, :]
     w_rows = weight_ptr + tl.minimum(vocab, V - 1).to(tl.int64)[:, None] * H + ks[None, :]
 
-    if HAS_NORM:
+    if HAS_NORM:  # four loads in flight per trip (a bubble before the weight stream), same summation order
         sum_sq = tl.zeros([BLOCK_R], tl.float32)
-        for k in range(0, H, BLOCK_K):
-            xk = tl.load(x_rows + k).to(tl.float32)
-            sum_sq += tl.sum(xk * xk, axis=1)
+        for k in range(0, H, 4 * BLOCK_K):
+            for j in tl.static_range(4):
+                if k + j * BLOCK_K < H:
+                    xk = tl.load(x_rows + k + j * BLOCK_K).to(tl.float32)
+                    sum_sq += tl.sum(xk * xk, axis=1)
         rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, H) + eps))
 
     acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
