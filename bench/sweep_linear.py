@@ -21,7 +21,7 @@ for M, N, K, silu, xdt in [(256, 14336, 4096, True, torch.float32), (256, 6144, 
         grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
         f = lambda: _linear_kernel[grid](x, x.stride(0), w, out, nw, out, 0, out, out.stride(0), out, M, N, 1e-5,
                                          K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=False,
-                                         WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nwarp,
+                                         WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_GDC=False, num_warps=nwarp,
                                          num_stages=st)
         try:
             f(); torch.cuda.synchronize()

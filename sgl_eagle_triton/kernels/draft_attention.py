@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
 
 MAX_SPLIT = 32
 WAVES = 2
@@ -79,7 +80,9 @@ def _prefix_kernel(
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -155,7 +158,9 @@ def _chain_merge_kernel(
     D: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
@@ -295,6 +300,8 @@ def draft_attention(
         SPLIT=split,
         BLOCK_M=block_m,
         BLOCK_N=min(64, max(16, head_dim // 2)),  # 64 keys at D >= 128; small D (tests) gets several blocks
+        USE_GDC=use_pdl(qkv.device),
+        launch_pdl=use_pdl(qkv.device),
         num_warps=4 if block_m <= 64 else 8,
     )
     _chain_merge_kernel[(rows, num_kv_heads)](
@@ -316,6 +323,8 @@ def draft_attention(
         D=head_dim,
         SPLIT=split,
         BLOCK_G=triton.next_power_of_2(group),
+        USE_GDC=use_pdl(qkv.device),
+        launch_pdl=use_pdl(qkv.device),
         num_warps=2,
     )
     return out

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import to_bf16
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
 
 
 @triton.jit
@@ -40,7 +41,9 @@ def _draft_input_kernel(
     H: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     r = tl.program_id(0).to(tl.int64)
     token = tl.load(input_ids_ptr + r).to(tl.int64)
     emb = embed_ptr + token * H
@@ -101,6 +104,8 @@ def draft_input(
         H=H,
         NORM=norm,
         BLOCK=min(1024, triton.next_power_of_2(H)),
+        USE_GDC=use_pdl(x.device),
+        launch_pdl=use_pdl(x.device),
         num_warps=4,
     )
     return x

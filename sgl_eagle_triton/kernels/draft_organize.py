@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+
 
 @triton.jit
 def _draft_organize_kernel(
@@ -21,7 +23,9 @@ def _draft_organize_kernel(
     KEEP: tl.constexpr,
     BLOCK_T: tl.constexpr,
     CHUNK: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     b = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_T)
     live = lanes < T
@@ -61,5 +65,7 @@ def draft_organize(
         KEEP=keep,
         BLOCK_T=block_t,
         CHUNK=min(block_t, 32),
+        USE_GDC=use_pdl(all_scores.device),
+        launch_pdl=use_pdl(all_scores.device),
         num_warps=4,
     )

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+
 
 @triton.jit
 def _draft_select_kernel(
@@ -37,7 +39,9 @@ def _draft_select_kernel(
     K: tl.constexpr,
     MAP_TOKENS: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     b = tl.program_id(0).to(tl.int64)
     T: tl.constexpr = K + (NUM_STEPS - 1) * K * K
     P: tl.constexpr = K * (NUM_STEPS - 1) + 1
@@ -129,5 +133,7 @@ def draft_select(
         K=k,
         MAP_TOKENS=token_map is not None and step == 0,
         BLOCK_E=triton.next_power_of_2(k * k if step else k + 1),
+        USE_GDC=use_pdl(scores.device),
+        launch_pdl=use_pdl(scores.device),
         num_warps=1,
     )

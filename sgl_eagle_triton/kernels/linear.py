@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
 
 
 @triton.jit
@@ -47,7 +48,9 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     pid_m = tl.program_id(0)  # row tiles sharing a weight tile run side by side: it is read from HBM once
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -208,6 +211,8 @@ def linear(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        USE_GDC=use_pdl(x.device),
+        launch_pdl=use_pdl(x.device),
         num_warps=num_warps,
         num_stages=num_stages,
     )

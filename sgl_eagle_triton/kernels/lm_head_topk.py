@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
 KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
@@ -61,7 +62,9 @@ def _lm_head_tile_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     NUM_TILES: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
     tile = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -114,7 +117,9 @@ def _merge_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_T: tl.constexpr,
     TOPK_P2: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    wait_for_prior(USE_GDC)
     NUM_TILES: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
     row = tl.program_id(0).to(tl.int64)
     row_keys = key_ptr + row * (TOPK * NUM_TILES)
@@ -216,6 +221,8 @@ def lm_head_topk(
         BLOCK_R=block_r,
         BLOCK_V=VOCAB_TILE,
         BLOCK_K=block_k,
+        USE_GDC=use_pdl(x.device),
+        launch_pdl=use_pdl(x.device),
         num_warps=4,
         num_stages=4,
     )
@@ -231,6 +238,8 @@ def lm_head_topk(
         BLOCK_V=VOCAB_TILE,
         BLOCK_T=triton.next_power_of_2(max(num_tiles, 16)),
         TOPK_P2=triton.next_power_of_2(max(topk, 2)),
+        USE_GDC=use_pdl(x.device),
+        launch_pdl=use_pdl(x.device),
         num_warps=4,
     )
     return out_p, out_index
