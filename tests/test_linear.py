@@ -55,7 +55,7 @@ def test_plain(device, M, N, K):
     ],
     ids=lambda f: "-".join(f),
 )
-@pytest.mark.parametrize("M", [1, 20, 40])  # 40: many rows, x normalised once by a separate kernel
+@pytest.mark.parametrize("M", [1, 20, 40])  # 40: many rows: separate RMSNorm, cuBLAS GEMM, epilogue kernel
 def test_fused_variants(device, M, flags):
     run_case(device, M, 72, 96, **flags)
 
@@ -76,12 +76,10 @@ def test_llama8b_draft_shapes(M, N, K, flags):
     run_case("cuda", M, N, K, **flags)
 
 
-@pytest.mark.parametrize("M, N, K, silu, x_bytes, stages", [
-    (256, 14336, 4096, True, 2, 2), (256, 6144, 8192, False, 2, 4), (64, 14336, 4096, True, 2, 4),
-    (256, 4096, 14336, False, 2, 4), (8, 14336, 4096, True, 4, 2), (8, 4096, 14336, False, 2, 4),
-])
+@pytest.mark.parametrize("M, N, K, silu, x_bytes, stages", [(8, 14336, 4096, True, 4, 2), (8, 4096, 14336, False, 2, 4)])
 def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
-    """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB)."""
+    """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
+    sweep's many-row shapes now run on cuBLAS)."""
     from sgl_eagle_triton.kernels.linear import _config, _num_stages
 
     block_m, block_n, block_k, _ = _config(M, N)

@@ -5,8 +5,9 @@ it is bound by reading the weight once. The grid splits the output columns finel
 streams its own slice of the weight; each program keeps its rows of ``x`` (a few KB) hot in L1/L2.
 
 Prologue (optional): RMSNorm of ``x`` with ``norm_weight``, computed in fp32 and rounded to bf16 per
-element as SGLang's RMSNorm does; with few rows every program recomputes its rows' ``rstd`` (one extra pass
-over ``x``), with many rows a separate kernel normalises ``x`` once into bf16 first.
+element as SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``).
+From ``CUBLAS_MIN_ROWS`` rows on (the draft at large batch x topk) the layer is no longer skinny: a kernel
+normalises ``x`` once, cuBLAS runs the GEMM and one kernel applies the epilogues (``_linear_cublas``).
 Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output):
 ``bias`` (added in fp32 before rounding, as a cuBLAS bias epilogue does), ``silu_mul`` (``weight`` holds
 ``[gate; up]`` of ``2 * N`` rows, ``out = silu(gate) * up`` in fp32, rounded), ``residual``
@@ -17,6 +18,7 @@ add-RMSNorm normalises).
 import functools
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -91,17 +93,40 @@ def _linear_kernel(
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y = to_bf16(acc).to(tl.float32)
+    y = to_bf16(acc)
+    up = to_bf16(acc_up) if SILU_MUL else y
+    _store_epilogue(y, up, rows, cols, row_ok[:, None] & col_ok[None, :], res_ptr, stride_res, out_ptr,
+                    stride_out, sum_ptr, N, SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
+
+
+@triton.jit
+def _store_epilogue(y, up, rows, cols, ok, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, N,
+                    SILU_MUL: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr):
+    """The epilogues on a tile of bf16 GEMM outputs ``y`` (``up``: the up half with ``SILU_MUL``), stored."""
+    y = y.to(tl.float32)
     if SILU_MUL:
-        up = to_bf16(acc_up).to(tl.float32)
-        y = to_bf16(y / (1.0 + tl.exp(-y)) * up).to(tl.float32)
-    ok = row_ok[:, None] & col_ok[None, :]
+        y = to_bf16(y / (1.0 + tl.exp(-y)) * up.to(tl.float32)).to(tl.float32)
     if ADD_RESIDUAL:
         res = tl.load(res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :], mask=ok, other=0.0)
         y = y + res.to(tl.float32)
         if WRITE_SUM:
             tl.store(sum_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], y, mask=ok)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], to_bf16(y), mask=ok)
+
+
+@triton.jit
+def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, M, N,
+                     SILU_MUL: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogues after a cuBLAS GEMM: ``y [M, N]`` (``[M, 2N]``, gate then up, with ``SILU_MUL``) bf16."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    y_rows = y_ptr + rows.to(tl.int64)[:, None] * stride_y
+    y = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)
+    up = tl.load(y_rows + N + cols[None, :], mask=ok, other=0.0) if SILU_MUL else y
+    _store_epilogue(y, up, rows, cols, ok, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, N,
+                    SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
 
 
 @triton.jit
@@ -122,16 +147,18 @@ def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOC
 
 
 def _config(M: int, N: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)``. Few rows (the draft at small batch): one 16-row tile and
-    columns split until ~128+ programs stream the weight. Many rows: 64/128-row tiles of 128 columns (tuned
-    by a sweep on an H200 at 8B draft shapes, 2026-11-26)."""
-    if M <= 32:
-        block_m = 16 if M <= 16 else 32
-        block_n = 64
-        while block_n > 16 and triton.cdiv(N, block_n) < 128:
-            block_n //= 2
-        return block_m, block_n, 128, 4
-    return (64 if M <= 64 else 128), 128, 64, 8
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for up to ``CUBLAS_MIN_ROWS - 1`` rows: one 16/32-row tile
+    and columns split until ~128+ programs stream the weight."""
+    block_m = 16 if M <= 16 else 32
+    block_n = 64
+    while block_n > 16 and triton.cdiv(N, block_n) < 128:
+        block_n //= 2
+    return block_m, block_n, 128, 4
+
+
+# From this many rows on cuBLAS runs the GEMM: bench/drafter.py's per-op rows (H100, 2026-11-26) had our Triton
+# GEMM at 0.83-1.09x cuBLAS up to 8 rows but 1.0-1.6x at 64 and 1.2-3.4x at 256 rows.
+CUBLAS_MIN_ROWS = 33
 
 
 @functools.cache
@@ -176,13 +203,9 @@ def linear(
     assert weight.shape == ((2 * N if silu_mul else N), K) and weight.is_contiguous()
     assert x.stride(1) == 1 and out.stride(1) == 1
     assert out_sum is None or residual is not None, "out_sum is the residual epilogue's fp32 sum"
+    if M >= CUBLAS_MIN_ROWS:
+        return _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum)
     block_m, block_n, block_k, num_warps = _config(M, N)
-    if norm_weight is not None and M > 32:
-        # Many rows: every column tile would re-read (and re-normalise) the whole x; normalise it once.
-        normed = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-        _rms_norm_kernel[(M,)](x, x.stride(0), norm_weight, normed, eps, K=K,
-                               BLOCK=min(1024, triton.next_power_of_2(K)), num_warps=4)
-        x, norm_weight = normed, None
     # One pipeline stage holds an x tile and one (two with silu_mul) weight tiles.
     stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
@@ -215,5 +238,28 @@ def linear(
         launch_pdl=use_pdl(x.device),
         num_warps=num_warps,
         num_stages=num_stages,
+    )
+    return out
+
+
+def _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum):
+    """Many rows: ``x`` normalised (or rounded to bf16) once, the GEMM by cuBLAS (bf16 output, bias in its
+    epilogue: SGLang's own draft layer makes these very calls), then the other epilogues in one kernel."""
+    M, K = x.shape
+    N = out.shape[1]
+    if norm_weight is not None:
+        normed = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+        _rms_norm_kernel[(M,)](x, x.stride(0), norm_weight, normed, eps, K=K,
+                               BLOCK=min(1024, triton.next_power_of_2(K)), num_warps=4)
+        x = normed
+    y = F.linear(x.to(torch.bfloat16), weight, bias)
+    if not silu_mul and residual is None:
+        return out.copy_(y)
+    block_m, block_n = 16, 128
+    _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        y, y.stride(0), residual if residual is not None else out, residual.stride(0) if residual is not None else 0,
+        out, out.stride(0), out_sum if out_sum is not None else out, M, N,
+        SILU_MUL=silu_mul, ADD_RESIDUAL=residual is not None, WRITE_SUM=out_sum is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
     )
     return out
