@@ -88,6 +88,8 @@ CASES = [  # R, V, H, topk, norm, token_map, x dtype
     (16, 333, 64, 1, True, True, torch.float32),
     (20, 333, 32, 8, True, True, torch.bfloat16),  # two row blocks, the second partial
     (20, 200, 64, 16, False, True, torch.bfloat16),
+    (40, 333, 64, 8, True, True, torch.bfloat16),  # from 33 rows on: RMSNorm kernel, cuBLAS logits, tile kernel
+    (40, 200, 32, 4, False, False, torch.float32),
 ]
 
 

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
 from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.rms_norm import rms_norm
 
 
 @triton.jit
@@ -129,23 +130,6 @@ def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, 
                     SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
 
 
-@triton.jit
-def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr):
-    """One row of ``out = rnd_bf16(x * rsqrt(mean(x^2) + eps) * w)``."""
-    row = tl.program_id(0).to(tl.int64)
-    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        ks = k0 + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
-        sum_sq += v * v
-    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
-    for k0 in range(0, K, BLOCK):
-        ks = k0 + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * K + ks, to_bf16(v * rstd * w), mask=ks < K)
-
-
 def _config(M: int, N: int) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for up to ``CUBLAS_MIN_ROWS - 1`` rows: one 16/32-row tile
     and columns split until ~128+ programs stream the weight."""
@@ -245,14 +229,9 @@ def linear(
 def _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum):
     """Many rows: ``x`` normalised (or rounded to bf16) once, the GEMM by cuBLAS (bf16 output, bias in its
     epilogue: SGLang's own draft layer makes these very calls), then the other epilogues in one kernel."""
-    M, K = x.shape
-    N = out.shape[1]
-    if norm_weight is not None:
-        normed = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-        _rms_norm_kernel[(M,)](x, x.stride(0), norm_weight, normed, eps, K=K,
-                               BLOCK=min(1024, triton.next_power_of_2(K)), num_warps=4)
-        x = normed
-    y = F.linear(x.to(torch.bfloat16), weight, bias)
+    M, N = x.shape[0], out.shape[1]
+    z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(torch.bfloat16)
+    y = F.linear(z, weight, bias)
     if not silu_mul and residual is None:
         return out.copy_(y)
     block_m, block_n = 16, 128

@@ -1,10 +1,14 @@
-"""The fused drafter's last step: LM head, softmax and top-k in two kernels; the logits never reach memory.
+"""The fused drafter's last step: LM head, softmax and top-k in two kernels; at small batch the logits never reach memory.
 
 Kernel 1, grid ``(cdiv(R, BLOCK_R), cdiv(V, BLOCK_V))``, one program per block of rows and ``BLOCK_V``-wide
 vocabulary tile: the tile's logits in registers (RMSNorm, if any, applied to ``x`` as it is loaded; ``tl.dot``
 over ``H``; rounded to bf16 as SGLang's bf16 GEMM output), then per row the tile's ``sum(exp(logit - tile max))``
 and its top ``TOPK`` candidates, best first, to scratch. Row blocks are the fastest grid axis, so the programs
 that share a weight tile run together and re-read it from L2 rather than HBM.
+
+From ``CUBLAS_MIN_ROWS`` rows on (the draft at large batch x topk) the logits are no longer worth avoiding
+(``R * V`` bf16 is a few tens of MB against hundreds of µs of GEMM): ``x`` is normalised once, cuBLAS writes
+the bf16 logits (SGLang's own LM head call) and kernel 1 reads its tiles from them.
 
 Kernel 2, grid ``(R,)``: per row, the max ``M`` of the tile maxima and ``S = sum_t sum_t * exp(max_t - M)``.
 The top-k lie among the candidates of the ``TOPK`` tiles with the largest maxima (a tile outside them has
@@ -18,11 +22,14 @@ would rank below +0.)
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.rms_norm import rms_norm
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
 KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
@@ -59,6 +66,7 @@ def _lm_head_tile_kernel(
     H: tl.constexpr,
     TOPK: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -69,28 +77,32 @@ def _lm_head_tile_kernel(
     tile = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     vocab = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    ks = tl.arange(0, BLOCK_K)
     # Rows past R and vocabulary past V load clamped (unmasked loads); their results are dropped below.
-    x_rows = x_ptr + tl.minimum(rows, R - 1).to(tl.int64)[:, None] * x_row_stride + ks[None, :]
-    w_rows = weight_ptr + tl.minimum(vocab, V - 1).to(tl.int64)[:, None] * H + ks[None, :]
+    safe_rows = tl.minimum(rows, R - 1).to(tl.int64)
+    safe_vocab = tl.minimum(vocab, V - 1).to(tl.int64)
+    if FROM_LOGITS:  # x holds the bf16 logits [R, V] (row stride x_row_stride)
+        acc = tl.load(x_ptr + safe_rows[:, None] * x_row_stride + safe_vocab[None, :]).to(tl.float32)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        x_rows = x_ptr + safe_rows[:, None] * x_row_stride + ks[None, :]
+        w_rows = weight_ptr + safe_vocab[:, None] * H + ks[None, :]
+        if HAS_NORM:  # four loads in flight per trip (a bubble before the weight stream), same summation order
+            sum_sq = tl.zeros([BLOCK_R], tl.float32)
+            for k in range(0, H, 4 * BLOCK_K):
+                for j in tl.static_range(4):
+                    if k + j * BLOCK_K < H:
+                        xk = tl.load(x_rows + k + j * BLOCK_K).to(tl.float32)
+                        sum_sq += tl.sum(xk * xk, axis=1)
+            rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, H) + eps))
+        acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        for k in range(0, H, BLOCK_K):
+            z = tl.load(x_rows + k).to(tl.float32)
+            if HAS_NORM:
+                z = (z * rstd[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
+            acc = mma(to_bf16(z), tl.trans(tl.load(w_rows + k)), acc)
+        acc = to_bf16(acc).to(tl.float32)
 
-    if HAS_NORM:  # four loads in flight per trip (a bubble before the weight stream), same summation order
-        sum_sq = tl.zeros([BLOCK_R], tl.float32)
-        for k in range(0, H, 4 * BLOCK_K):
-            for j in tl.static_range(4):
-                if k + j * BLOCK_K < H:
-                    xk = tl.load(x_rows + k + j * BLOCK_K).to(tl.float32)
-                    sum_sq += tl.sum(xk * xk, axis=1)
-        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, H) + eps))
-
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-    for k in range(0, H, BLOCK_K):
-        z = tl.load(x_rows + k).to(tl.float32)
-        if HAS_NORM:
-            z = (z * rstd[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
-        acc = mma(to_bf16(z), tl.trans(tl.load(w_rows + k)), acc)
-
-    logits = tl.where(vocab[None, :] < V, to_bf16(acc).to(tl.float32), float("-inf"))
+    logits = tl.where(vocab[None, :] < V, acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
     tile_sum = tl.sum(tl.exp(logits - tile_max[:, None]), axis=1)
     keys = tl.where(vocab[None, :] < V, _encode(logits, vocab[None, :]), KEY_MIN)
@@ -200,6 +212,10 @@ def lm_head_topk(
     assert out_p.shape == out_index.shape == (R, topk) and out_p.is_contiguous() and out_index.is_contiguous()
     assert out_p.dtype == torch.float32 and out_index.dtype == torch.int64
 
+    from_logits = R >= CUBLAS_MIN_ROWS
+    if from_logits:  # many rows: cuBLAS writes the bf16 logits, the tile kernel reads them
+        z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(torch.bfloat16)
+        x = F.linear(z, weight)
     block_r = 16 if R <= 16 else 32 if R <= 32 else 64
     block_k = min(H & -H, 128 if block_r < 64 else 64)  # the largest power of two dividing H, capped
     num_tiles = triton.cdiv(V, VOCAB_TILE)
@@ -217,7 +233,8 @@ def lm_head_topk(
         V=V,
         H=H,
         TOPK=topk,
-        HAS_NORM=norm_weight is not None,
+        HAS_NORM=norm_weight is not None and not from_logits,
+        FROM_LOGITS=from_logits,
         BLOCK_R=block_r,
         BLOCK_V=VOCAB_TILE,
         BLOCK_K=block_k,

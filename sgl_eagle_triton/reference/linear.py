@@ -4,11 +4,7 @@ RMSNorm prologue and bias / SiLU-and-mul / residual epilogues, in SGLang's round
 import torch
 import torch.nn.functional as F
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """SGLang's RMSNorm: fp32 ``x * rsqrt(mean(x^2) + eps) * weight``, rounded to bf16."""
-    x = x.float()
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+from sgl_eagle_triton.reference.rms_norm import rms_norm
 
 
 def linear(x, weight, *, bias=None, norm_weight=None, eps=0.0, silu_mul=False, residual=None):

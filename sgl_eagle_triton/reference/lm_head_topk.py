@@ -5,18 +5,13 @@
 
 import torch
 
+from sgl_eagle_triton.reference.rms_norm import rms_norm
+
 
 def lm_head_input(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """``z`` [R, H] bf16: SGLang's RMSNorm of ``x`` (fp32 ``(x * rstd) * w`` rounded to bf16), or ``x`` in bf16.
-
-    ``rstd = 1 / sqrt(mean(x**2) + eps)`` in fp32 as the kernel computes it (a correctly rounded square root,
-    then division); SGLang's ``torch.rsqrt`` differs from it by at most an ulp or two.
-    """
-    if norm_weight is None:
-        return x.to(torch.bfloat16)
-    x = x.float()
-    rstd = 1 / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return ((x * rstd) * norm_weight.float()).to(torch.bfloat16)
+    """``z`` [R, H] bf16: SGLang's RMSNorm of ``x`` (:func:`sgl_eagle_triton.reference.rms_norm.rms_norm`), or
+    ``x`` in bf16."""
+    return x.to(torch.bfloat16) if norm_weight is None else rms_norm(x, norm_weight, eps)
 
 
 def lm_head_logits(

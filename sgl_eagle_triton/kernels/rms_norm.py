@@ -1,0 +1,38 @@
+"""RMSNorm of a few hundred rows into bf16, once, before a cuBLAS GEMM (the drafter at large batch x topk).
+
+``out = rnd_bf16((x * rstd) * w)`` with ``rstd = 1 / sqrt(mean(x**2) + eps)`` in fp32, the square root and the
+division correctly rounded (``sgl_eagle_triton.reference.rms_norm``); SGLang's ``torch.rsqrt`` differs from it
+by at most an ulp or two. One program per row.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.bf16 import to_bf16
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
+        sum_sq += v * v
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(sum_sq, axis=0), K) + eps))
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * K + ks, to_bf16((v * rstd) * w), mask=ks < K)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [M, K] bf16 or fp32 (unit column stride); weight: [K] bf16. Returns a new [M, K] bf16 tensor."""
+    M, K = x.shape
+    assert x.stride(1) == 1 and weight.shape == (K,) and weight.is_contiguous()
+    out = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+    _rms_norm_kernel[(M,)](x, x.stride(0), weight, out, eps, K=K, BLOCK=min(1024, triton.next_power_of_2(K)),
+                           num_warps=4)
+    return out
