@@ -185,9 +185,9 @@ def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
 
 
 def draft_ms(stages: dict) -> float | None:
-    """The draft phase's device time per cycle: GPU busy time of its kernels. Not its GPU span: at small
-    batches the span is bound by the host (doubly so under the profiler's Python tracing), the same for
-    every system, and hides the kernels' cost."""
+    """The draft phase's device time per cycle: GPU busy time of its kernels (the union of their intervals).
+    Not its GPU span: at small batches the span is bound by the host (doubly so under the profiler's Python
+    tracing), the same for every system, and hides the kernels' cost."""
     draft = stages.get("draft")
     return draft["gpu_busy_ms"] if draft else None
 

@@ -7,8 +7,10 @@ here; SGLang has no range around the whole verify, so the accept kernels are not
 step ``step[DECODE ...]`` (``decode``). ``POST /start_profile`` writes a Chrome trace. Per stage this module
 reports, averaged over the stage's occurrences (one per cycle):
 
-- ``gpu_busy_ms``: summed duration of the GPU kernels launched inside the stage's CPU range (matched by the
-  launch's correlation id; kernels replayed from a CUDA graph carry the graph launch's id);
+- ``gpu_busy_ms``: time during which at least one GPU kernel launched inside the stage's CPU range runs (the
+  union of their intervals, matched to the range by the launch's correlation id; kernels replayed from a CUDA
+  graph carry the graph launch's id). A union, not a sum: with programmatic dependent launch a kernel starts
+  while its predecessor drains, and summed durations would count that overlap twice;
 - ``gpu_span_ms``: the stage's GPU-side range (``gpu_user_annotation``: first kernel start to last kernel end,
   idle gaps included) where the trace has one;
 - ``cpu_ms``: the CPU range itself (host time, launches included).
@@ -46,6 +48,16 @@ def _matches(name: str, pattern: str) -> bool:
     return name == pattern or name.startswith(pattern + " ")
 
 
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def stage_times(trace: dict, stages=STAGES) -> dict:
     """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
@@ -54,18 +66,19 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
                  if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     anchor = next((ranges[s] for s in CYCLE_ANCHORS if len(ranges.get(s, ())) > 1), None)
-    busy = dict.fromkeys(stages, 0.0)
-    cycle_busy = 0.0
+    busy = {s: [] for s in stages}
+    cycle_busy = []
     for e in events:
         if e.get("cat") != "kernel" or e.get("args", {}).get("correlation") not in launch_ts:
             continue
         ts = launch_ts[e["args"]["correlation"]]
+        interval = (e["ts"], e["ts"] + e["dur"])
         if anchor and anchor[0][0] <= ts < anchor[-1][0]:
-            cycle_busy += e["dur"]
+            cycle_busy.append(interval)
         for s in stages:
             i = bisect.bisect_right(ranges[s], (ts, float("inf"))) - 1
             if i >= 0 and ranges[s][i][0] <= ts <= ranges[s][i][1]:
-                busy[s] += e["dur"]
+                busy[s].append(interval)
     out = {}
     for s in stages:
         n = len(ranges[s])
@@ -75,13 +88,13 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
         out[s] = {
             "count": n,
             "cpu_ms": sum(b - a for a, b in ranges[s]) / n / 1e3,
-            "gpu_busy_ms": busy[s] / n / 1e3,
+            "gpu_busy_ms": busy_us(busy[s]) / n / 1e3,
             "gpu_span_ms": sum(spans) / len(spans) / 1e3 if spans else None,
         }
     if anchor:
         cycles = len(anchor) - 1
         out["cycle"] = {"count": cycles, "cpu_ms": (anchor[-1][0] - anchor[0][0]) / cycles / 1e3,
-                        "gpu_busy_ms": cycle_busy / cycles / 1e3, "gpu_span_ms": None}
+                        "gpu_busy_ms": busy_us(cycle_busy) / cycles / 1e3, "gpu_span_ms": None}
     return out
 
 

@@ -44,3 +44,12 @@ def test_stage_times_per_cycle(tmp_path):
     assert stages["draft_extend"]["gpu_busy_ms"] == 0
     # One cycle (draft start 0 -> 1000): the kernels launched in it (the stray one has no launch record).
     assert stages["cycle"] == {"count": 1, "cpu_ms": 1.0, "gpu_busy_ms": pytest.approx(0.09), "gpu_span_ms": None}
+
+
+def test_overlapping_kernels_count_once():
+    """Programmatic dependent launch starts a kernel while its predecessor drains: busy time is the union."""
+    assert breakdown.busy_us([(0, 30), (20, 50), (60, 70), (65, 68)]) == 60
+    assert breakdown.busy_us([]) == 0
+    events = [event("user_annotation", "draft", 0, 100), event("cuda_runtime", "cudaGraphLaunch", 1, 1, correlation=7),
+              event("kernel", "a", 10, 30, correlation=7), event("kernel", "b", 30, 30, correlation=7)]
+    assert breakdown.stage_times({"traceEvents": events})["draft"]["gpu_busy_ms"] == pytest.approx(0.05)
