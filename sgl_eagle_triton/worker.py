@@ -30,13 +30,15 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sgl_eagle_triton import ALGORITHM_NAME, config, draft_check, verify
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
+from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.verify import logged_once
 
 logger = logging.getLogger(__name__)
 
 KERNELS_IN_USE = {
     "draft forward": "triton sgl_eagle_triton.drafter (draft_input, linear, draft_attention, lm_head_topk, "
-    "draft_select, draft_organize)",
+    f"draft_select, draft_organize); from {CUBLAS_MIN_ROWS} rows per forward (batch x topk) on, the linears' and "
+    "the LM head's GEMMs are cuBLAS between Triton rms_norm and Triton epilogue / top-k kernels",
     "build tree": "triton sgl_eagle_triton.kernels.build_tree",
     "verify greedy": "triton sgl_eagle_triton.kernels.verify_greedy",
     "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
