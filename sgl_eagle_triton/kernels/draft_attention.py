@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 
 MAX_SPLIT = 32
 WAVES = 2
@@ -300,8 +300,7 @@ def draft_attention(
         SPLIT=split,
         BLOCK_M=block_m,
         BLOCK_N=min(64, max(16, head_dim // 2)),  # 64 keys at D >= 128; small D (tests) gets several blocks
-        USE_GDC=use_pdl(qkv.device),
-        launch_pdl=use_pdl(qkv.device),
+        **pdl_args(qkv.device),
         num_warps=4 if block_m <= 64 else 8,
     )
     _chain_merge_kernel[(rows, num_kv_heads)](
@@ -323,8 +322,7 @@ def draft_attention(
         D=head_dim,
         SPLIT=split,
         BLOCK_G=triton.next_power_of_2(group),
-        USE_GDC=use_pdl(qkv.device),
-        launch_pdl=use_pdl(qkv.device),
+        **pdl_args(qkv.device),
         num_warps=2,
     )
     return out

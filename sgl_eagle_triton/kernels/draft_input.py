@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import to_bf16
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 
 
 @triton.jit
@@ -104,8 +104,7 @@ def draft_input(
         H=H,
         NORM=norm,
         BLOCK=min(1024, triton.next_power_of_2(H)),
-        USE_GDC=use_pdl(x.device),
-        launch_pdl=use_pdl(x.device),
+        **pdl_args(x.device),
         num_warps=4,
     )
     return x

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 
 
 @triton.jit
@@ -65,7 +65,6 @@ def draft_organize(
         KEEP=keep,
         BLOCK_T=block_t,
         CHUNK=min(block_t, 32),
-        USE_GDC=use_pdl(all_scores.device),
-        launch_pdl=use_pdl(all_scores.device),
+        **pdl_args(all_scores.device),
         num_warps=4,
     )

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 
 
 @triton.jit
@@ -133,7 +133,6 @@ def draft_select(
         K=k,
         MAP_TOKENS=token_map is not None and step == 0,
         BLOCK_E=triton.next_power_of_2(k * k if step else k + 1),
-        USE_GDC=use_pdl(scores.device),
-        launch_pdl=use_pdl(scores.device),
+        **pdl_args(scores.device),
         num_warps=1,
     )

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm
 
 
@@ -218,8 +218,7 @@ def linear(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        USE_GDC=use_pdl(x.device),
-        launch_pdl=use_pdl(x.device),
+        **pdl_args(x.device),
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
 from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.kernels.pdl import use_pdl, wait_for_prior
+from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
@@ -238,8 +238,7 @@ def lm_head_topk(
         BLOCK_R=block_r,
         BLOCK_V=VOCAB_TILE,
         BLOCK_K=block_k,
-        USE_GDC=use_pdl(x.device),
-        launch_pdl=use_pdl(x.device),
+        **pdl_args(x.device),
         num_warps=4,
         num_stages=4,
     )
@@ -255,8 +254,7 @@ def lm_head_topk(
         BLOCK_V=VOCAB_TILE,
         BLOCK_T=triton.next_power_of_2(max(num_tiles, 16)),
         TOPK_P2=triton.next_power_of_2(max(topk, 2)),
-        USE_GDC=use_pdl(x.device),
-        launch_pdl=use_pdl(x.device),
+        **pdl_args(x.device),
         num_warps=4,
     )
     return out_p, out_index
