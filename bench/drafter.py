@@ -3,10 +3,11 @@
     python bench/drafter.py [--out bench/results]        (on a GPU)
 
 Rows: the whole draft of one decode cycle (``FusedDrafter.draft``: S - 1 forwards + selections + prune)
-inside a CUDA graph, as SGLang's draft graph runner replays it, and per op of one step: our Triton
-``linear`` against cuBLAS (``torch.nn.functional.linear``, what SGLang's draft layer calls) and
-``lm_head_topk`` against cuBLAS matmul + softmax + top-k, each cycling through copies of its weight so that
-no repetition finds it in L2 (as in the chain); and the kernels of one draft in launch order (profiler).
+inside a CUDA graph, as SGLang's draft graph runner replays it, and per op of one step: our ``linear``
+(Triton below ``CUBLAS_MIN_ROWS`` rows, from there RMSNorm + cuBLAS + a Triton epilogue) against cuBLAS
+(``torch.nn.functional.linear``, what SGLang's draft layer calls) and ``lm_head_topk`` against cuBLAS
+matmul + softmax + top-k, each cycling through copies of its weight so that no repetition finds it in L2
+(as in the chain); and the kernels of one draft in launch order (profiler).
 The floor of a draft is the bytes it must read
 (draft weights once per forward, each request's prefix KV once per forward) over the measured copy
 bandwidth (read + write bytes of a large copy). Writes ``<date>-<gpu>-drafter.json`` and ``.md``.
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 import triton
 
 from sgl_eagle_triton.drafter import FusedDrafter
-from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
 
@@ -116,6 +117,7 @@ def bench_ops(w, rows_n, bandwidth):
             lambda wt: lm_head_topk(x, wt, 8, norm_weight=w.final_norm, eps=1e-5, token_map=w.token_map),
             lambda wt: torch.softmax(F.linear(x, wt).float(), -1).topk(8), w.lm_head),
     }
+    ours_impl = "triton (ours)" if rows_n < CUBLAS_MIN_ROWS else "ours (cuBLAS GEMM + Triton norm / epilogue / top-k)"
     rows = []
     for op, (ours, cublas, weight) in cases.items():
         nbytes = weight.numel() * weight.element_size()
@@ -123,7 +125,7 @@ def bench_ops(w, rows_n, bandwidth):
         # fits an H100's 50 MB) would beat HBM; in the chain every weight comes from HBM.
         copies = [weight] + [weight.clone() for _ in range(triton.cdiv(COLD_BYTES, nbytes) - 1)]
         floor = nbytes / bandwidth * 1e6
-        for impl, fn in (("triton (ours)", ours), ("cuBLAS + torch", cublas)):
+        for impl, fn in ((ours_impl, ours), ("cuBLAS + torch", cublas)):
             t = graph_us(lambda: [fn(wt) for wt in copies]) / len(copies)  # noqa: B023 (timed right here)
             rows.append(dict(op=op, impl=impl, rows=rows_n, graph_us=t, floor_us=floor, over_floor=t / floor))
         del copies
@@ -143,7 +145,9 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
     for r in draft_rows:
         lines.append(f"| {r['steps']},{r['topk']},{r['draft_tokens']} | {r['batch']} | {r['graph_us']:.0f} | "
                      f"{r['floor_us']:.0f} | {r['over_floor']:.2f} |")
-    lines += ["", "| op | rows | ours us | cuBLAS + torch us | floor us | ours / floor | ours / cuBLAS |",
+    lines += ["", f"Per op, ours = Triton below {CUBLAS_MIN_ROWS} rows, from there a cuBLAS GEMM between our Triton "
+              "RMSNorm and epilogue / top-k kernels.", "",
+              "| op | rows | ours us | cuBLAS + torch us | floor us | ours / floor | ours / cuBLAS |",
               "|---|---|---|---|---|---|---|"]
     for ours, ref in zip(op_rows[::2], op_rows[1::2]):
         lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
