@@ -1,8 +1,17 @@
-"""Tile sweep of kernels/linear.py at 8B draft shapes (H200 results: results/2026-11-26-NVIDIA_H200-linear-sweep.json).
+"""Tile sweep of kernels/linear.py's Triton GEMM at 8B draft shapes: the five fastest (BLOCK_M, BLOCK_N, BLOCK_K,
+stages, warps) per shape. H200 results: results/2026-11-26-NVIDIA_H200-linear-sweep.json, whose best depths
+``linear._num_stages`` reproduces, and whose many-row tiles (64 and 256 rows) stayed behind cuBLAS, which
+serves those shapes since (``CUBLAS_MIN_ROWS``).
 
-    python bench/sweep_linear.py OUT.json
+    python bench/sweep_linear.py OUT.json        (on a GPU)
 """
-import itertools, torch, triton, json, sys
+import itertools
+import json
+import sys
+
+import torch
+import triton
+
 from sgl_eagle_triton.kernels.linear import _linear_kernel
 res = {}
 for M, N, K, silu, xdt in [(256, 14336, 4096, True, torch.float32), (256, 6144, 8192, False, torch.bfloat16),
@@ -27,7 +36,7 @@ for M, N, K, silu, xdt in [(256, 14336, 4096, True, torch.float32), (256, 6144, 
             f(); torch.cuda.synchronize()
             with torch.cuda.stream(torch.cuda.Stream()):
                 t = triton.testing.do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3
-        except Exception as e:
+        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
             continue
         best.append((t, bm, bn, bk, st, nwarp))
     best.sort()
