@@ -126,7 +126,10 @@ def bench_ops(w, rows_n, bandwidth):
         copies = [weight] + [weight.clone() for _ in range(triton.cdiv(COLD_BYTES, nbytes) - 1)]
         floor = nbytes / bandwidth * 1e6
         for impl, fn in ((ours_impl, ours), ("cuBLAS + torch", cublas)):
-            t = graph_us(lambda: [fn(wt) for wt in copies]) / len(copies)  # noqa: B023 (timed right here)
+            def run_all(fn=fn, copies=copies):
+                return [fn(wt) for wt in copies]
+
+            t = graph_us(run_all) / len(copies)
             rows.append(dict(op=op, impl=impl, rows=rows_n, graph_us=t, floor_us=floor, over_floor=t / floor))
         del copies
     return rows
@@ -149,7 +152,7 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
               "RMSNorm and epilogue / top-k kernels.", "",
               "| op | rows | ours us | cuBLAS + torch us | floor us | ours / floor | ours / cuBLAS |",
               "|---|---|---|---|---|---|---|"]
-    for ours, ref in zip(op_rows[::2], op_rows[1::2]):
+    for ours, ref in zip(op_rows[::2], op_rows[1::2], strict=True):
         lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
                      f"{ours['floor_us']:.1f} | {ours['over_floor']:.2f} | {ours['graph_us'] / ref['graph_us']:.2f} |")
     for bs, kernels in (chain or {}).items():

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 from sgl_eagle_triton.kernels import build_tree, target_probs, tree_sampling, verify_greedy
 from sgl_eagle_triton.reference.draft_tree import draft_tree
@@ -216,24 +215,30 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
     lines = [
         f"# Tree kernels on {gpu}, SGLang {rows[0]['sglang_version']}",
         "",
-        f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write); empty Triton launch {launch_us:.1f} us eager.",
+        f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write); empty Triton launch {launch_us:.1f} us "
+        "eager.",
         "Times are medians in microseconds: eager (as served) / CUDA graph (device). build_tree: the whole",
         f"step as SGLang's triton backend runs it (FULL_MASK uint8 buffer for {MAX_CONTEXT} context, prefix",
         f"columns set, ~{MEAN_PREFIX}-token ragged prefixes). target_probs: batch * n rows of {TARGET_VOCAB}",
         "logits, T 0.7, top_k 20, top_p 0.9; stock = softmax, sgl-kernel top_k_renorm_prob, top_p_renorm_prob.",
         "Ratio: ours / stock, eager.",
         "",
-        "| op | steps,topk,n | batch | ours | sgl-kernel CUDA | SGLang serial triton | ours/stock | ours graph / floor |",
+        "| op | steps,topk,n | batch | ours | sgl-kernel CUDA | SGLang serial triton | ours/stock "
+        "| ours graph / floor |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    key = lambda r: (r["op"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])
+    def key(r):
+        return r["op"], r["steps"], r["topk"], r["draft_tokens"], r["batch"]
+
     groups: dict = {}
     for r in rows:
         groups.setdefault(key(r), {})[r["impl"]] = r
+    def cell(r):
+        return f"{r['eager_us']:.1f} / {r['graph_us']:.1f}" if r else "-"
+
     for (op, steps, topk, n, bs), g in groups.items():
         ours, stock = g["triton (ours)"], g["sgl-kernel CUDA (stock)"]
         serial = g.get("SGLang serial triton")
-        cell = lambda r: f"{r['eager_us']:.1f} / {r['graph_us']:.1f}" if r else "-"
         lines.append(f"| {op} | {steps},{topk},{n} | {bs} | {cell(ours)} | {cell(stock)} | {cell(serial)} | "
                      f"{ours['eager_us'] / stock['eager_us']:.2f} | {ours['graph_over_floor']:.0f} |")
     return "\n".join(lines) + "\n"

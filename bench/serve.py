@@ -129,7 +129,7 @@ def _cycles(meta: dict) -> int:
 def cycle_ms(results: list[dict]) -> float:
     """Steady-state decode cycle: median over requests of the median gap between streamed chunks (one chunk
     per cycle after the prefill's), so neither other requests' prefills nor the ramp-up count."""
-    return statistics.median(statistics.median(b - a for a, b in zip(r["times"], r["times"][1:])) * 1e3
+    return statistics.median(statistics.median(b - a for a, b in zip(r["times"], r["times"][1:], strict=False)) * 1e3
                              for r in results)
 
 
@@ -227,7 +227,8 @@ def report(rows: list[dict]) -> str:
         stock_draft = stock_rows[cfg].get("draft_ms") if cfg in stock_rows else None
         draft_vs_stock = (f"{r['draft_ms'] / stock_draft:.2f}" if r["system"] == "eagle_triton" and r.get("draft_ms")
                           and stock_draft else "-")
-        projected = " / ".join(f"{a * 1e3 / r['cycle_ms']:.0f}" for a in (3, 4, 5, 6)) if r["system"] != "nospec" else "-"
+        projected = ("-" if r["system"] == "nospec"
+                     else " / ".join(f"{a * 1e3 / r['cycle_ms']:.0f}" for a in (3, 4, 5, 6)))
         name = "no speculation" if r["system"] == "nospec" else r["system"]
         shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[:3])
         lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {draft} | "
@@ -270,7 +271,7 @@ def plot(rows: list[dict], path: Path) -> None:
             r["system"], r["steps"], r["topk"], r["draft_tokens"])
         series.setdefault(label, []).append((r["batch"], r["cycle_ms"]))
     for label, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points))
+        xs, ys = zip(*sorted(points), strict=True)
         ax.plot(xs, ys, marker="o", label=label)
     ax.set(xscale="log", xlabel="batch", ylabel="decode cycle (ms)", title=rows[0]["gpu"])
     ax.legend(fontsize=7)

@@ -3,9 +3,9 @@
 Everything here runs at server start, in the launcher process, before any model loads: what
 EAGLE_TRITON cannot serve yet is refused here with a message that says what to change, never
 discovered mid-request. (Two exceptions run in the scheduler: :func:`req_to_token_headroom`, a hook on
-SGLang's pool sizing, and :func:`check_req_to_token_rows`, the worker's start-up check of its effect.) The draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the
-draft checkpoint's ``architectures[0]``, and exported through ``DRAFT_KIND_ENV`` so that every
-spawned SGLang process answers ``is_eagle3()`` identically.
+SGLang's pool sizing, and :func:`check_req_to_token_rows`, the worker's start-up check of its effect.) The
+draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the draft checkpoint's ``architectures[0]``, and
+exported through ``DRAFT_KIND_ENV`` so that every spawned SGLang process answers ``is_eagle3()`` identically.
 
 Plain attribute reads and writes only: SGLang >= 0.5.23 passes a write-recording stand-in for
 ``ServerArgs`` to this hook.
@@ -161,7 +161,8 @@ def _resolve_tree_shape(sa) -> None:
     topk = 1 if topk is None else topk
     if topk == 1 and n != steps + 1:
         if n is not None:
-            logger.warning("EAGLE_TRITON: speculative_num_draft_tokens is set to num_steps + 1 = %d for topk 1", steps + 1)
+            logger.warning("EAGLE_TRITON: speculative_num_draft_tokens is set to num_steps + 1 = %d for topk 1",
+                           steps + 1)
         n = steps + 1
     if n is None:
         _refuse("--speculative-eagle-topk > 1 without --speculative-num-draft-tokens", "Pass the draft token count.")

@@ -147,7 +147,7 @@ def server_acceptance(server_info: dict, metrics: dict[str, float]) -> list[str]
     """Server-wide acceptance lines from ``/server_info`` and ``/metrics`` (what each one exposes)."""
     states = server_info.get("internal_states") or [{}]
     avg = states[0].get("avg_spec_accept_length")
-    lines = [f"/server_info internal_states[0].avg_spec_accept_length: "
+    lines = ["/server_info internal_states[0].avg_spec_accept_length: "
              + (f"{avg:.2f}" if avg is not None else "not yet (SGLang updates it every --decode-log-interval steps)")]
     tokens, verifies = metrics.get("sglang:generation_tokens_total"), metrics.get("sglang:spec_verify_calls_total")
     if tokens and verifies:

@@ -28,7 +28,7 @@ def check_file() -> str | None:
 
 def _paths(parent_list, top_scores_index, draft_tokens, topk: int) -> dict:
     """``{token path from the root: candidate id}`` of one request's selected nodes (host lists)."""
-    token_of = dict(zip(top_scores_index, draft_tokens))
+    token_of = dict(zip(top_scores_index, draft_tokens, strict=True))
     memo: dict = {}
 
     def path(c):
@@ -76,7 +76,7 @@ def record(path: str, ours, stock, stock_scores: torch.Tensor | None, topk: int)
     for b in range(bs):
         mine = _paths(ours_host[0][b], ours_host[1][b], ours_host[2][b], topk)
         theirs = _paths(stock_host[0][b], stock_host[1][b], stock_host[2][b], topk)
-        line["same_ids"] += all(o[b] == s[b] for o, s in zip(ours_host, stock_host))
+        line["same_ids"] += all(o[b] == s[b] for o, s in zip(ours_host, stock_host, strict=True))
         if mine.keys() == theirs.keys():
             line["same_tree"] += 1
             if stock_scores is not None:

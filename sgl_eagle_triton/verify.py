@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 
 import torch
-
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative import eagle_utils

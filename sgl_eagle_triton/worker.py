@@ -23,7 +23,6 @@ import logging
 from contextlib import contextmanager
 
 import torch
-
 from sglang.srt.speculative import eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 

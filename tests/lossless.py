@@ -25,7 +25,8 @@ def tie_aware_compare(spec_ids: list[int], nospec_ids: list[int], nospec_top2: l
     """``nospec_top2[i]`` holds the no-spec run's two best log-probs at output position ``i``."""
     if spec_ids == nospec_ids:
         return Verdict("identical")
-    i = next((j for j, (a, b) in enumerate(zip(spec_ids, nospec_ids)) if a != b), min(len(spec_ids), len(nospec_ids)))
+    pairs = enumerate(zip(spec_ids, nospec_ids, strict=False))
+    i = next((j for j, (a, b) in pairs if a != b), min(len(spec_ids), len(nospec_ids)))
     if i >= len(nospec_top2):
         return Verdict("bug", i, float("inf"))
     top1, top2 = nospec_top2[i]

@@ -21,7 +21,8 @@ def test_markdown_table_has_one_line_per_case():
 
 
 def test_drafter_markdown():
-    spec = importlib.util.spec_from_file_location("bench_drafter", Path(__file__).parent.parent / "bench" / "drafter.py")
+    path = Path(__file__).parent.parent / "bench" / "drafter.py"
+    spec = importlib.util.spec_from_file_location("bench_drafter", path)
     drafter = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(drafter)
     draft_rows = [dict(steps=5, topk=8, draft_tokens=32, batch=1, graph_us=1500.0, floor_us=1000.0, over_floor=1.5)]

@@ -71,7 +71,8 @@ def test_draft_ms_is_the_draft_stages_gpu_busy_time():
 
 
 def test_breakdown_table_rest_of_the_cycle():
-    stages = {"draft": {"gpu_busy_ms": 1.5}, "draft_extend": {"gpu_busy_ms": 0.5}, "verify_forward": {"gpu_busy_ms": 6.0}}
+    stages = {"draft": {"gpu_busy_ms": 1.5}, "draft_extend": {"gpu_busy_ms": 0.5},
+              "verify_forward": {"gpu_busy_ms": 6.0}}
     table = serve.breakdown([dict(row("eagle_triton", 1, 9.0), stages=stages), row("eagle3", 1, 8.0)])
     assert table.count("| eagle_triton | 5,8,32 | 1 | 9.00 | 1.50 | 0.50 | 6.00 | - | 1.00 |") == 1
     assert "| eagle3 |" not in table and serve.breakdown([row("eagle3", 1, 8.0)]) == ""

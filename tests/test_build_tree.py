@@ -68,7 +68,8 @@ def run_both(parent_list, selected_index, seq_lens, mask, topk, steps, n, mode, 
 def assert_same(got, want):
     """Equal masks (byte for byte) and equal integer outputs."""
     assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)), "tree_mask"
-    for name, g, w in zip(("positions", "retrieve_index", "next_token", "next_sibling"), got[1:], want[1:]):
+    names = ("positions", "retrieve_index", "next_token", "next_sibling")
+    for name, g, w in zip(names, got[1:], want[1:], strict=True):
         assert g.tolist() == w.tolist(), name
 
 
@@ -140,7 +141,7 @@ def test_full_mask_prefix(dtype, fill_prefix, device):
     gen, n, seq_lens = torch.Generator().manual_seed(0), 9, [1, 700, 0, 129]
     mask = check_tree(FULL_MASK, 4, 3, 4, n, seq_lens, gen, device, dtype, fill_prefix)[0]
     rows, tail = full_mask_rows(mask, seq_lens, n)
-    for seq_len, request in zip(seq_lens, rows):
+    for seq_len, request in zip(seq_lens, rows, strict=True):
         if fill_prefix or dtype == torch.uint8:
             assert (request[:, :seq_len] == (1 if fill_prefix else 7)).all()
         assert (request[:, seq_len:] <= 1).all() and (request[:, seq_len] == 1).all()
@@ -218,7 +219,8 @@ def test_wrapper_matches_sglang_wrapper(mode, fill_prefix_mask, in_place, device
     got, want = outs
     assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
     if mode == TreeMaskMode.FULL_MASK and not (fill_prefix_mask or in_place):  # prefix cells are torch.empty
-        rows = zip(full_mask_rows(got[0], seq_lens, n)[0], full_mask_rows(want[0], seq_lens, n)[0], seq_lens)
+        got_rows, want_rows = full_mask_rows(got[0], seq_lens, n)[0], full_mask_rows(want[0], seq_lens, n)[0]
+        rows = zip(got_rows, want_rows, seq_lens, strict=True)
         for g, w, seq_len in rows:
             assert torch.equal(g[:, seq_len:], w[:, seq_len:])
         got[0] = want[0]

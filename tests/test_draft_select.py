@@ -38,7 +38,8 @@ def run_tree(device, bs, k, steps, n, vocab=1000, draft_vocab=300, seed=0):
         draft_select(step, steps, p, index, scores, input_ids, hidden_rows, all_scores, all_tokens, parents,
                      positions, step_positions, token_map=token_map)
         ref_index = token_map[index0] if step == 0 else index
-        ids, rows, ref_scores, cand_scores, cand_tokens, cand_parents = ref.select_step(step, p, ref_index, ref_scores, k)
+        selected = ref.select_step(step, p, ref_index, ref_scores, k)
+        ids, rows, ref_scores, cand_scores, cand_tokens, cand_parents = selected
         score_list.append(cand_scores)
         token_list.append(cand_tokens)
         parents_list.append(cand_parents)

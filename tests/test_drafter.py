@@ -23,7 +23,7 @@ def run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=0, max_differing
     ref_positions = batch["positions"].clone()
     expected = ref.draft(w, topk, steps, n, *inputs, ref_positions, kv)
     same = torch.ones(bs, dtype=torch.bool, device=device)
-    for got, want in zip(ours[:3], expected[:3]):
+    for got, want in zip(ours[:3], expected[:3], strict=True):
         same &= (got == want).all(dim=1) if got.numel() else same
     # The attention kernel rounds its softmax weights to bf16 (as flash attention does) where the twin keeps
     # fp32, so a bf16 logit may round to its neighbour: two tokens whose logits are one bf16 ulp apart
@@ -76,7 +76,7 @@ def test_idle_batch(device):
     cache = torch.zeros(4, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16, device=device)
     drafter = FusedDrafter(w, 4, 3, 8, cache, cache, torch.zeros(1, 8, dtype=torch.int32, device=device))
     empty = torch.empty(0, 4, device=device)
-    out = drafter.draft(empty, empty.long(), torch.empty(0, w.hidden_size, dtype=torch.bfloat16, device=device),
-                        torch.empty(0, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long, device=device),
-                        torch.empty(0, dtype=torch.long, device=device))
+    no_rows = torch.empty(0, dtype=torch.long, device=device)
+    hidden = torch.empty(0, w.hidden_size, dtype=torch.bfloat16, device=device)
+    out = drafter.draft(empty, empty.long(), hidden, no_rows, no_rows, no_rows)
     assert [tuple(t.shape) for t in out] == [(0, 9), (0, 7), (0, 7), (0, 36)]

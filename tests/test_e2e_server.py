@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
-
 from lossless import tie_aware_compare, top2_logprobs
 from server import Server
 from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
@@ -72,7 +71,7 @@ def _verdicts(spec: dict, nospec: dict) -> dict:
     counts = {"identical": 0, "tie": 0, "bug": 0}
     bugs = []
     for key in ("generate", "generate_concurrent"):
-        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"])):
+        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"], strict=True)):
             v = tie_aware_compare(ids, ref, top2)
             counts[v.kind] += 1
             if v.kind == "bug":
@@ -94,7 +93,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         for s in servers.values():
             s.wait_ready()
         with ThreadPoolExecutor(len(servers)) as pool:
-            results = dict(zip(servers, pool.map(lambda k: _serve_all(servers[k], k == "nospec"), servers)))
+            answers = pool.map(lambda k: _serve_all(servers[k], k == "nospec"), servers)
+            results = dict(zip(servers, answers, strict=True))
     finally:
         for s in servers.values():
             s.stop()
@@ -114,7 +114,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}.json"), "w") as f:
             json.dump(report, f, indent=1)
 
-    for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items()):
+    for (_steps, _topk, n), (key, entry) in zip(CONFIGS, report["configs"].items(), strict=True):
         ours_log = servers[("EAGLE_TRITON", n)].log()
         assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
         assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key

@@ -76,7 +76,8 @@ def test_llama8b_draft_shapes(M, N, K, flags):
     run_case("cuda", M, N, K, **flags)
 
 
-@pytest.mark.parametrize("M, N, K, silu, x_bytes, stages", [(8, 14336, 4096, True, 4, 2), (8, 4096, 14336, False, 2, 4)])
+@pytest.mark.parametrize("M, N, K, silu, x_bytes, stages",
+                         [(8, 14336, 4096, True, 4, 2), (8, 4096, 14336, False, 2, 4)])
 def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
     """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
     sweep's many-row shapes now run on cuBLAS)."""

@@ -23,10 +23,18 @@ import psutil
 import pytest
 import requests
 import torch
-
 from load_mix import (
-    CONTEXT_LEN, SPEC_TREE, apply_payload, build_mix, greedy_verdicts, growth_problems, log_problems, new_outcome,
-    reference_body, reference_key, summarize,
+    CONTEXT_LEN,
+    SPEC_TREE,
+    apply_payload,
+    build_mix,
+    greedy_verdicts,
+    growth_problems,
+    log_problems,
+    new_outcome,
+    reference_body,
+    reference_key,
+    summarize,
 )
 from server import Server
 from tiny_models import TRAINED_PAIR
@@ -156,7 +164,7 @@ def test_load_and_faults(tmp_path):
         nospec.wait_ready()
         greedy = {reference_key(r): r for r in mix if r.compare}
         answers = asyncio.run(_reference(nospec.url, [reference_body(r) for r in greedy.values()]))
-        reference = dict(zip(greedy, answers))
+        reference = dict(zip(greedy, answers, strict=True))
         nospec.stop()
         for run in range(REPEATS):
             start = time.time()

@@ -2,17 +2,27 @@
 
 from collections import Counter
 
-import pytest
-
 import load_mix
+import pytest
 from load_mix import (
-    CONTEXT_LEN, INVALID_PARAMS, NEAR_LIMIT_NEW_TOKENS, SPEC_TREE, LoadRequest, apply_payload, build_mix,
-    greedy_verdicts, growth_problems, log_problems, new_outcome, problem, reference_body, reference_key,
-    reserved_tokens, summarize,
+    CONTEXT_LEN,
+    INVALID_PARAMS,
+    SPEC_TREE,
+    LoadRequest,
+    apply_payload,
+    build_mix,
+    greedy_verdicts,
+    growth_problems,
+    log_problems,
+    new_outcome,
+    problem,
+    reference_body,
+    reference_key,
+    reserved_tokens,
+    summarize,
 )
-from tiny_models import TRAINED_PAIR
-
 from sglang.srt.sampling.sampling_params import SamplingParams
+from tiny_models import TRAINED_PAIR
 
 MIX = build_mix()
 

@@ -11,14 +11,13 @@ from importlib.metadata import entry_points
 
 import pytest
 import torch
-
-from sgl_eagle_triton import config
-from sgl_eagle_triton.config import EagleTritonConfigError
-from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
-
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
+
+from sgl_eagle_triton import config
+from sgl_eagle_triton.config import EagleTritonConfigError
 
 TARGET, EAGLE3_DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -254,9 +253,9 @@ def test_non_cuda_device_refused(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the worker module imports sgl-kernel (CUDA)")
 def test_create_worker_returns_triton_worker():
-    from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
-
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 
     sa = _args()
     assert SpeculativeAlgorithm.from_string("EAGLE_TRITON").create_worker(sa) is EagleTritonWorkerV2

@@ -55,7 +55,7 @@ def draft_tree(root: int, topk: int, steps: int, n: int):
     score_list, token_list, parents = [scores], [tokens], [torch.arange(-1, topk)]
     frontier = tokens
     for i in range(1, steps):
-        child_p, child_tokens = (torch.stack(x) for x in zip(*(probs(t) for t in frontier.tolist())))
+        child_p, child_tokens = (torch.stack(x) for x in zip(*(probs(t) for t in frontier.tolist()), strict=True))
         expanded = (scores[:, None] * child_p).flatten()
         scores, chosen = expanded.topk(topk)
         score_list.append(expanded)

@@ -73,7 +73,7 @@ def make_batch(rng, vocab, bs, n, params, kinds=KINDS, **tol):
     """Logits [bs * n, vocab] and per-request parameter tensors (temperatures as [bs, 1])."""
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     rows = [draw_row(gen, vocab, rng.choice(kinds), params[b], **tol) for b in range(bs) for _ in range(n)]
-    temperatures, top_ks, top_ps, min_ps = zip(*params)
+    temperatures, top_ks, top_ps, min_ps = zip(*params, strict=True)
     return (torch.stack(rows), torch.tensor(temperatures).view(bs, 1), torch.tensor(top_ks, dtype=torch.int32),
             torch.tensor(top_ps), torch.tensor(min_ps), n)
 
@@ -247,7 +247,7 @@ def test_rows_split_over_programs(device):
             if not ambiguous(row, temperature, top_k, top_p, min_p):
                 break
         rows.append(row)
-    temperatures, top_ks, top_ps, min_ps = zip(*params)
+    temperatures, top_ks, top_ps, min_ps = zip(*params, strict=True)
     args = (torch.stack(rows), torch.tensor(temperatures), torch.tensor(top_ks, dtype=torch.int32),
             torch.tensor(top_ps), torch.tensor(min_ps), 1)
     got = check(device, args)
@@ -276,7 +276,10 @@ def test_matches_sglang_nonspeculative_sampler(device, seed):
     logits, temperatures, top_ks, top_ps, min_ps, _ = make_batch(
         rng, rng.choice([1000, 4099]), bs, n, params, kinds=["spread", "flat"], mass_tol=1e-5, ties_ok=False)
     got = prepare_target_probs(*to(device, (logits, temperatures, top_ks, top_ps, min_ps, n))).cpu()
-    per_row = lambda t: t.view(-1).repeat_interleave(n)
+
+    def per_row(t):
+        return t.view(-1).repeat_interleave(n)
+
     probs = torch.softmax(logits / per_row(temperatures)[:, None], dim=-1)
     keep = sglang_nonspec_keep(probs, per_row(top_ks).long(), per_row(top_ps), per_row(min_ps))
     assert torch.equal(got > 0, keep)
@@ -294,7 +297,10 @@ def sgl_kernel_case(seed, vocab, params, bs=4, n=2, kinds=("spread", "flat")):
     rng = random.Random(seed)
     args = make_batch(rng, vocab, bs, n, params, kinds=kinds)
     logits, temperatures, top_ks, top_ps, min_ps, _ = to("cuda", args)
-    per_row = lambda t: torch.repeat_interleave(t, n, dim=0)
+
+    def per_row(t):
+        return torch.repeat_interleave(t, n, dim=0)
+
     probs = torch.softmax(logits / per_row(temperatures), dim=-1)  # as SGLang's eagle_sample
     return args, probs, per_row(top_ks), per_row(top_ps)
 
@@ -339,7 +345,7 @@ def test_cuda_graph_replay():
         prepare_target_probs(*buffers, out=out)
     for _ in range(3):
         fresh = make_batch(rng, vocab, bs, n, [random_params(rng) for _ in range(bs)])
-        for dst, src in zip(buffers[:5], fresh[:5]):
+        for dst, src in zip(buffers[:5], fresh[:5], strict=True):
             dst.copy_(src)
         graph.replay()
         expected = prepare_target_probs_ref(*fresh)

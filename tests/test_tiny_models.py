@@ -4,12 +4,11 @@ as SGLang reads them, and carry a tokenizer that covers every id."""
 import pytest
 import torch
 from safetensors.torch import load_file
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+from tiny_models import TRAINED_PAIR
 
 from sgl_eagle_triton import tiny_models
 from sgl_eagle_triton.config import resolve_draft_kind
-from tiny_models import TRAINED_PAIR
-
-from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,7 @@ def test_draft_kinds_resolve_like_the_server(eagle3_pair, tmp_path):
 
 def test_same_seed_same_weights(eagle3_pair, tmp_path):
     again = tiny_models.write_random_pair(tmp_path, draft="eagle3")
-    for a, b in zip(eagle3_pair, again):
+    for a, b in zip(eagle3_pair, again, strict=True):
         assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 

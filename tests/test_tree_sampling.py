@@ -17,13 +17,11 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from conftest import requires_cuda
 from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
 
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.reference.tree_sampling import tree_speculative_sampling as tree_speculative_sampling_ref
-
 
 QUANTUM = 2.0**-20  # target probabilities are multiples of this (see the module docstring)
 ULP_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
@@ -80,7 +78,7 @@ def make_case(rng, bs, n, max_depth, topk, vocab, modes, mode_weights):
         for kids in children:  # siblings get distinct tokens (they come from a top-k) while the vocab allows
             tokens = rng.sample(range(vocab), min(len(kids), vocab))
             tokens += [rng.randrange(vocab) for _ in range(len(kids) - len(tokens))]
-            for c, t in zip(kids, tokens):
+            for c, t in zip(kids, tokens, strict=True):
                 candidates[b][c] = t
         for p, kids in enumerate(children):
             mode = rng.choices(modes, mode_weights)[0]
@@ -262,7 +260,7 @@ def test_correction_token_across_slices(device):
     ends = [slice_len * (s + 1) - 1 for s in range(4)]
     final_coins = [2 * prefix[end].item() for end in ends] + [0.1, 0.3, 0.5, 0.7, 0.9, ULP_BELOW_ONE]
     cases = [two_children_case(vocab, children, row, 0.75, coin) for coin in final_coins]
-    inputs = [torch.cat(parts) for parts in zip(*cases)]
+    inputs = [torch.cat(parts) for parts in zip(*cases, strict=True)]
     inputs[1] += 3 * torch.arange(len(cases))[:, None]  # retrieve_index: each request its own flat positions
     predicts, _, accept_token_num = check(random.Random(4), device, 2, tuple(inputs))
     assert (accept_token_num == 0).all()

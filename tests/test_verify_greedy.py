@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-
 from conftest import requires_cuda
 from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
 

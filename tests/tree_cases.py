@@ -22,7 +22,7 @@ def make_tree(rng, n, max_depth, topk):
     next_token = [kids[0] if kids else -1 for kids in children]
     next_sibling = [-1] * n
     for kids in children:
-        for a, c in zip(kids, kids[1:]):
+        for a, c in zip(kids, kids[1:], strict=False):
             next_sibling[a] = c
     return next_token, next_sibling, children
 
@@ -38,7 +38,7 @@ def poisoned_outputs(rng, bs, n, num_spec):
 
 
 def assert_same_outputs(got, expected):
-    for name, g, e in zip(OUTPUT_NAMES, got, expected):
+    for name, g, e in zip(OUTPUT_NAMES, got, expected, strict=True):
         assert torch.equal(g.cpu(), e.cpu()), name
 
 
@@ -62,7 +62,7 @@ def check_graph_replay(kernel, reference, inputs, outputs, fresh):
         kernel(*outputs, *inputs)
     for _ in range(3):
         fresh_inputs, fresh_outputs = fresh()
-        for dst, src in zip(inputs + outputs, fresh_inputs + fresh_outputs):
+        for dst, src in zip(inputs + outputs, fresh_inputs + fresh_outputs, strict=True):
             dst.copy_(src)
         expected = [t.clone() for t in fresh_outputs]
         reference(*expected, *fresh_inputs)

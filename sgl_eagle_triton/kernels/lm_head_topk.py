@@ -1,4 +1,5 @@
-"""The fused drafter's last step: LM head, softmax and top-k in two kernels; at small batch the logits never reach memory.
+"""The fused drafter's last step: LM head, softmax and top-k in two kernels; at small batch the logits never
+reach memory.
 
 Kernel 1, grid ``(cdiv(R, BLOCK_R), cdiv(V, BLOCK_V))``, one program per block of rows and ``BLOCK_V``-wide
 vocabulary tile: the tile's logits in registers (RMSNorm, if any, applied to ``x`` as it is loaded; ``tl.dot``

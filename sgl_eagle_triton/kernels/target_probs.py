@@ -231,11 +231,11 @@ def _stats_kernel(logits_ptr, temperature_ptr, scratch_ptr, fscratch_ptr, rows_p
     while start < end:
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + base + offs, mask=offs < end, other=float("-inf"))
-        l = tl.math.div_rn(x, temperature)  # as in _exp_keys
-        i_vec = tl.where(l > m_vec, offs, i_vec)
-        m_new = tl.maximum(m_vec, l)
+        scaled = tl.math.div_rn(x, temperature)  # as in _exp_keys
+        i_vec = tl.where(scaled > m_vec, offs, i_vec)
+        m_new = tl.maximum(m_vec, scaled)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # lanes that saw only -inf keep s = 0, no nan
-        s_vec = s_vec * tl.exp(m_vec - m_ref) + tl.exp(l - m_ref)
+        s_vec = s_vec * tl.exp(m_vec - m_ref) + tl.exp(scaled - m_ref)
         m_vec = m_new
         start += BLOCK_V
     slice_max = tl.max(m_vec, axis=0)

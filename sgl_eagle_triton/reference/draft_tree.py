@@ -27,6 +27,6 @@ def draft_tree(bs: int, topk: int, steps: int, n: int, gen: torch.Generator):
         parents_list.append(parents)
     parent_list, selected_index, _ = organize(score_list, token_list, parents_list, n)
     assert parent_list.shape[1] in (0, topk * (steps - 1) + 1)
-    for parents, selected in zip(parent_list.tolist(), selected_index.tolist()):
+    for parents, selected in zip(parent_list.tolist(), selected_index.tolist(), strict=True):
         assert all(s // topk == 0 or parents[s // topk] in selected for s in selected)
     return parent_list, selected_index

@@ -42,13 +42,17 @@ def prepare_target_probs(
     (float32 result; computed in float64)."""
     R, _ = logits.shape
     request = torch.arange(R, device=logits.device) // rows_per_request
-    per_row = lambda t: t.reshape(-1)[request].double()
+
+    def per_row(t):
+        return t.reshape(-1)[request].double()
+
     p = torch.softmax(logits.double() / per_row(temperatures)[:, None], dim=-1)
     keep = keep_mask(p, per_row(top_ks), per_row(top_ps), per_row(min_ps))
     kept = torch.where(keep, p, 0.0)
     probs = (kept / kept.sum(dim=-1, keepdim=True)).float()
     greedy = per_row(top_ks) == 1  # one-hot at the first argmax, the token greedy decoding picks
-    one_hot = torch.zeros_like(probs).scatter_(-1, (logits.double() / per_row(temperatures)[:, None]).argmax(-1, keepdim=True), 1.0)
+    first_argmax = (logits.double() / per_row(temperatures)[:, None]).argmax(-1, keepdim=True)
+    one_hot = torch.zeros_like(probs).scatter_(-1, first_argmax, 1.0)
     probs = torch.where(greedy[:, None], one_hot, probs)
     if out is None:
         return probs
