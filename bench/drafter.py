@@ -28,7 +28,7 @@ import triton
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
-from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
+from sgl_eagle_triton.testing import random_batch, random_draft
 
 
 def _bench_kernels():

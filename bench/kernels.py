@@ -19,7 +19,7 @@ import torch
 import triton
 
 from sgl_eagle_triton.kernels import build_tree, target_probs, tree_sampling, verify_greedy
-from sgl_eagle_triton.reference.draft_tree import draft_tree
+from sgl_eagle_triton.testing import draft_tree
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32, 64]

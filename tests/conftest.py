@@ -1,4 +1,6 @@
-"""Shared fixtures. Without CUDA, Triton kernels run on the CPU through ``TRITON_INTERPRET=1``."""
+"""Shared fixtures and the one GPU gate. Without CUDA, Triton kernels run on the CPU through
+``TRITON_INTERPRET=1`` and every test marked ``gpu`` is skipped (``pytest.mark.gpu``; nothing imports
+from this file)."""
 
 import os
 
@@ -9,7 +11,14 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lossless import tie_aware_compare, top2_logprobs
+from tests.lossless import tie_aware_compare, top2_logprobs
 
 CONTEXT_LEN = 1024
 SPEC_TREE = (5, 4, 8)  # (steps, topk, draft tokens) of the server under test

@@ -8,9 +8,8 @@ import torch
 
 from sgl_eagle_triton.kernels import build_tree as kernels
 from sgl_eagle_triton.reference import build_tree as reference
-from sgl_eagle_triton.reference.draft_tree import draft_tree
+from sgl_eagle_triton.testing import draft_tree
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 POISON = 12345  # never a valid position / index / link
 
@@ -228,7 +227,7 @@ def test_wrapper_matches_sglang_wrapper(mode, fill_prefix_mask, in_place, device
     assert got[5].tolist() == want[5].tolist() and got[5].tolist()[::n] == bonus.tolist()
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
 def test_matches_sgl_kernel(mode):
     """Against sgl-kernel's CUDA op, with buffers pre-filled the way SGLang does."""

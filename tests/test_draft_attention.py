@@ -5,7 +5,6 @@ import torch
 
 from sgl_eagle_triton.kernels.draft_attention import draft_attention
 from sgl_eagle_triton.reference.draft_attention import draft_attention as draft_attention_ref
-from tests.conftest import requires_cuda
 
 PAD = -1  # a padded CUDA-graph request: req_pool_index 0, seq_len 1
 
@@ -97,7 +96,7 @@ def test_matches_reference(device, seq_lens, topk, hq, hkv, d, step):
     check(make_case(device, seq_lens, topk, hq, hkv, d, step))
 
 
-@requires_cuda
+@pytest.mark.gpu
 class TestCuda:
     """Llama-3.1-8B draft shapes: Hq 32, Hkv 8, D 128, prefixes up to 4096."""
 

@@ -7,7 +7,6 @@ import torch
 from sgl_eagle_triton.kernels.draft_organize import draft_organize
 from sgl_eagle_triton.kernels.draft_select import draft_select
 from sgl_eagle_triton.reference import draft_select as ref
-from tests.conftest import requires_cuda
 
 
 def run_tree(device, bs, k, steps, n, vocab=1000, draft_vocab=300, seed=0):
@@ -73,7 +72,7 @@ def test_keep_all_candidates(device):
     run_tree(device, 2, 2, 3, 2 + 2 * 4 + 1)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("bs", [1, 32, 160])
 @pytest.mark.parametrize("k,steps,n", [(8, 5, 32), (8, 8, 64), (10, 6, 128), (1, 3, 4)])
 def test_cuda_batches(bs, k, steps, n):

@@ -6,8 +6,7 @@ import torch
 
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.reference import drafter as ref
-from sgl_eagle_triton.reference.random_draft import random_batch, random_draft
-from tests.conftest import requires_cuda
+from sgl_eagle_triton.testing import random_batch, random_draft
 
 NEAR_TIE = 0.06  # relative probability gap of two logits one bf16 ulp apart (|logit| <= ~8)
 
@@ -62,7 +61,7 @@ def test_fused_draft_matches_twin(device, eagle3, bs, topk, steps, n, seq_lens):
     run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=bs * 10 + topk + steps)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
 @pytest.mark.parametrize("bs,topk,steps,n", [(1, 8, 5, 32), (4, 4, 3, 16), (8, 1, 5, 6)])
 def test_cuda_llama_like_dims(eagle3, bs, topk, steps, n):

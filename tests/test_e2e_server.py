@@ -24,14 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import torch
-from lossless import tie_aware_compare, top2_logprobs
-from server import Server
-from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
+from tests.lossless import tie_aware_compare, top2_logprobs
+from tests.server import Server
+from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 PROMPTS = [
     "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",

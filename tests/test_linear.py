@@ -6,7 +6,6 @@ import triton
 
 from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.reference.linear import linear as linear_ref
-from tests.conftest import requires_cuda
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -60,7 +59,7 @@ def test_fused_variants(device, M, flags):
     run_case(device, M, 72, 96, **flags)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 64, 256])
 @pytest.mark.parametrize(
     "N,K,flags",

@@ -7,7 +7,6 @@ and the indices must be identical. The CUDA-only Gaussian cases compare tie-awar
 
 import pytest
 import torch
-from conftest import requires_cuda
 
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.reference.lm_head_topk import lm_head_input, lm_head_logits
@@ -147,7 +146,7 @@ def test_all_logits_equal(device, norm):
     assert torch.allclose(p.cpu(), torch.full((2, 4), 1 / 200))
 
 
-@requires_cuda
+@pytest.mark.gpu
 class TestRealShapes:
     """H 4096 and real draft vocabularies, with the final norm and a token map, twin on the GPU."""
 

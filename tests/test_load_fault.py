@@ -23,7 +23,9 @@ import psutil
 import pytest
 import requests
 import torch
-from load_mix import (
+
+from sgl_eagle_triton.demo import parse_metrics
+from tests.load_mix import (
     CONTEXT_LEN,
     SPEC_TREE,
     apply_payload,
@@ -36,13 +38,11 @@ from load_mix import (
     reference_key,
     summarize,
 )
-from server import Server
-from tiny_models import TRAINED_PAIR
-
-from sgl_eagle_triton.demo import parse_metrics
+from tests.server import Server
+from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [
-    pytest.mark.e2e, pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.e2e, pytest.mark.slow, pytest.mark.gpu,
 ]
 
 N_REQUESTS, CONCURRENCY, REPEATS, REQUEST_TIMEOUT_S = 1000, 64, 2, 180

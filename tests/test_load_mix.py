@@ -4,7 +4,9 @@ from collections import Counter
 
 import load_mix
 import pytest
-from load_mix import (
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+from tests.load_mix import (
     CONTEXT_LEN,
     INVALID_PARAMS,
     SPEC_TREE,
@@ -21,8 +23,7 @@ from load_mix import (
     reserved_tokens,
     summarize,
 )
-from sglang.srt.sampling.sampling_params import SamplingParams
-from tiny_models import TRAINED_PAIR
+from tests.tiny_models import TRAINED_PAIR
 
 MIX = build_mix()
 

@@ -1,6 +1,6 @@
 """The tie-aware equality rule the e2e test applies (tests/lossless.py)."""
 
-from lossless import tie_aware_compare, top2_logprobs
+from tests.lossless import tie_aware_compare, top2_logprobs
 
 TOP2 = [[-0.1, -3.0], [-0.7, -0.75], [-0.2, -2.0]]
 

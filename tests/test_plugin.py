@@ -14,10 +14,10 @@ import torch
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 from sgl_eagle_triton import config
 from sgl_eagle_triton.config import EagleTritonConfigError
+from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 TARGET, EAGLE3_DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -251,7 +251,6 @@ def test_non_cuda_device_refused(monkeypatch):
         _args()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the worker module imports sgl-kernel (CUDA)")
 def test_create_worker_returns_triton_worker():
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 

@@ -14,8 +14,6 @@ import torch
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.reference.target_probs import prepare_target_probs as prepare_target_probs_ref
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 ALL = 1 << 30  # SGLang's top_k for "no top-k"
 TOP_KS = [1, 2, 5, 50, ALL]
 TOP_PS = [0.1, 0.5, 0.9, 1.0]
@@ -305,7 +303,7 @@ def sgl_kernel_case(seed, vocab, params, bs=4, n=2, kinds=("spread", "flat")):
     return args, probs, per_row(top_ks), per_row(top_ps)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("vocab", CUDA_VOCABS)
 def test_matches_sgl_kernel_top_k_renorm(vocab):
     sgl_kernel = pytest.importorskip("sgl_kernel")
@@ -317,7 +315,7 @@ def test_matches_sgl_kernel_top_k_renorm(vocab):
     assert rel_err(got, expected) < 1e-5
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("vocab", CUDA_VOCABS)
 def test_matches_sgl_kernel_top_p_renorm(vocab):
     sgl_kernel = pytest.importorskip("sgl_kernel")
@@ -332,7 +330,7 @@ def test_matches_sgl_kernel_top_p_renorm(vocab):
     assert rel_err(got, expected) < 1e-5
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_cuda_graph_replay():
     """Captured once, the launch computes fresh logits and parameters copied into the captured buffers."""
     rng = random.Random(7)

@@ -5,10 +5,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-from tiny_models import TRAINED_PAIR
 
 from sgl_eagle_triton import tiny_models
 from sgl_eagle_triton.config import resolve_draft_kind
+from tests.tiny_models import TRAINED_PAIR
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda
-from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
 
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.reference.tree_sampling import tree_speculative_sampling as tree_speculative_sampling_ref
+from tests.tree_cases import (
+    assert_same_outputs,
+    check_against_reference,
+    check_graph_replay,
+    make_tree,
+    poisoned_outputs,
+)
 
 QUANTUM = 2.0**-20  # target probabilities are multiples of this (see the module docstring)
 ULP_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
@@ -388,7 +393,7 @@ def matches_sgl_kernel(rng, spec_steps, inputs, thresholds):
     assert_same_outputs(ours, theirs)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(60))
 def test_matches_sgl_kernel(seed):
     """Integers identical: the inputs make every float operation exact and no coin tie a running sum."""
@@ -396,7 +401,7 @@ def test_matches_sgl_kernel(seed):
     matches_sgl_kernel(rng, spec_steps, inputs, thresholds)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("bs", [1, 6])
 def test_full_vocab_matches_reference_and_sgl_kernel(bs):
     """Llama-3's 128256 tokens, the correction token's residual split over 32 programs per request."""
@@ -406,7 +411,7 @@ def test_full_vocab_matches_reference_and_sgl_kernel(bs):
     matches_sgl_kernel(rng, 4, inputs, (1.0, 1.0))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("final_coin", [ULP_BELOW_ONE, 1.0])
 def test_edge_cases_match_sgl_kernel(final_coin):
     """The exact-sum fallback and the all-zero residual, as sgl-kernel does them."""
@@ -418,7 +423,7 @@ def test_edge_cases_match_sgl_kernel(final_coin):
     matches_sgl_kernel(random.Random(1), 2, two_children_case(4099, (2, 5), row, ULP_BELOW_ONE, 0.3), (1.0, 1.0))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", BOUNDARY_CASES, ids=[c[0] for c in BOUNDARY_CASES])
 def test_boundary_cases_vs_sgl_kernel(case, record_property):
     """Records what the installed sgl-kernel does at the acceptance boundaries (asserting nothing about it)
@@ -442,7 +447,7 @@ def test_boundary_cases_vs_sgl_kernel(case, record_property):
         assert ours[0][0].item() == inputs[0][0, accepted].item()
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("vocab", [1000, 20000])
 def test_cuda_graph_replay(vocab):
     """Captured once, the launches verify fresh inputs copied into the captured buffers (20000 tokens: rows

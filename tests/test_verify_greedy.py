@@ -4,11 +4,16 @@ import random
 
 import pytest
 import torch
-from conftest import requires_cuda
-from tree_cases import assert_same_outputs, check_against_reference, check_graph_replay, make_tree, poisoned_outputs
 
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
 from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
+from tests.tree_cases import (
+    assert_same_outputs,
+    check_against_reference,
+    check_graph_replay,
+    make_tree,
+    poisoned_outputs,
+)
 
 
 def make_case(rng, bs, n, max_depth, topk, vocab, p_follow):
@@ -92,7 +97,7 @@ def test_retrieve_index_outside_own_row(device, seed):
     check(rng, device, bs, n, spec_steps, (candidates, retrieve_index, next_token, next_sibling, target_predict))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(50))
 def test_matches_sgl_kernel(seed):
     sgl_kernel = pytest.importorskip("sgl_kernel")
@@ -114,7 +119,7 @@ def test_matches_sgl_kernel(seed):
     assert_same_outputs(ours, theirs)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_cuda_graph_replay():
     """Captured once, the launch verifies fresh inputs copied into the captured buffers."""
     rng = random.Random(0)

@@ -1,12 +1,14 @@
-"""Random one-layer Llama EAGLE drafts as :class:`~sgl_eagle_triton.drafter.DraftWeights` (test and
-benchmark inputs): EAGLE-3 (input norms, draft vocabulary with a token map) or EAGLE-1 (fc with bias,
-q/k/v bias)."""
+"""Random inputs for tests and benchmarks (never imported by the plugin): one-layer Llama EAGLE drafts as
+:class:`~sgl_eagle_triton.drafter.DraftWeights` (EAGLE-3: input norms, draft vocabulary with a token map;
+EAGLE-1: fc with bias, q/k/v bias), the batch state a draft starts from, and draft trees shaped exactly as
+SGLang's drafter shapes them."""
 
 from types import SimpleNamespace
 
 import torch
 
 from sgl_eagle_triton.drafter import DraftWeights
+from sgl_eagle_triton.reference.draft_select import organize, select_step
 
 
 def cos_sin_cache(max_pos: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
@@ -76,3 +78,29 @@ def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list
     return dict(k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
                 seq_lens=seq_lens_t, positions=seq_lens_t.repeat_interleave(topk), topk_p=topk_p,
                 topk_index=topk_index, hidden=hidden)
+
+def draft_tree(bs: int, topk: int, steps: int, n: int, gen: torch.Generator):
+    """``(parent_list, selected_index)`` as SGLang's EAGLE draft makes them.
+
+    Runs the selection twins (``select_top_k_tokens`` per draft step, ``organize_draft_results``) on random
+    draft probabilities. Scores are cumulative products of probabilities in (0, 1) in float64, so they are
+    tie-free and a child always scores below its parent: every selected node's parent is selected too
+    (asserted).
+    """
+
+    def probs(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64) * 0.9 + 0.05
+
+    scores, score_list, token_list, parents_list = None, [], [], []
+    for step in range(steps):
+        p = probs(bs, topk) if step == 0 else probs(bs, topk, topk).view(bs * topk, topk)
+        _, _, scores, cand_scores, cand_tokens, parents = select_step(step, p, torch.zeros_like(p, dtype=torch.long),
+                                                                      scores, topk)
+        score_list.append(cand_scores)
+        token_list.append(cand_tokens)
+        parents_list.append(parents)
+    parent_list, selected_index, _ = organize(score_list, token_list, parents_list, n)
+    assert parent_list.shape[1] in (0, topk * (steps - 1) + 1)
+    for parents, selected in zip(parent_list.tolist(), selected_index.tolist(), strict=True):
+        assert all(s // topk == 0 or parents[s // topk] in selected for s in selected)
+    return parent_list, selected_index
