@@ -18,6 +18,7 @@ import os
 
 logger = logging.getLogger(__name__)
 
+TESTED_SGLANG_VERSIONS = ("0.5.17",)  # the SGLang releases the GPU suite passed on (pyproject.toml pins them)
 DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
 DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 EAGLE3, EAGLE = "eagle3", "eagle"

@@ -9,10 +9,11 @@ starts (launcher, engine, schedulers), so registration is idempotent and light: 
 :func:`sgl_eagle_triton.config.current_draft_kind`), and predicates ``CustomSpecAlgo`` lacks are
 taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
 
-It also registers one hook through SGLang's plugin hook registry (applied by ``load_plugins`` in every
-scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`, which
-sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
-and row overwrite near the context limit; other algorithms are left as they are).
+It also registers two hooks through SGLang's plugin hook registry (applied by ``load_plugins`` in every
+process, in a scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`,
+which sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
+and row overwrite near the context limit; other algorithms are left as they are), and :func:`report_kernels`,
+which adds the worker's kernel report to ``/server_info``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def _worker_factory(server_args):
     return EagleTritonWorkerV2
 
 
+INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+
+
+def report_kernels(result, scheduler, *args, **kwargs):
+    """After-hook on the scheduler's ``get_internal_state`` (``/server_info``'s ``internal_states``): adds
+    ``"eagle_triton"``, the EAGLE_TRITON worker's :meth:`~sgl_eagle_triton.worker.EagleTritonWorkerV2.kernel_report`
+    (other servers' states are left as they are)."""
+    report = getattr(getattr(scheduler, "draft_worker", None), "kernel_report", None)
+    if callable(report) and isinstance(result, dict):
+        result["eagle_triton"] = report()
+    return result
+
+
 def _register_hooks() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -82,6 +96,7 @@ def _register_hooks() -> None:
                        ALGORITHM_NAME)
         return
     HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
+    HookRegistry.register(INTERNAL_STATE_TARGET, report_kernels, HookType.AFTER)
 
 
 def register() -> None:

@@ -20,6 +20,7 @@ Logit pre-processing (NaN sanitising, penalties, logit bias, grammar mask) and t
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import torch
 from sglang.srt.runtime_context import get_spec
@@ -35,21 +36,27 @@ from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
 logger = logging.getLogger(__name__)
 
 
-def logged_once(fn, what: str):
-    """``fn``, logging one line at its first call in this process: proof in the log that it ran."""
-    pending = [True]
+RAN: Counter = Counter()
+"""Calls of each :func:`witnessed` entry point in this process, by name (e.g. ``"triton build_tree"``): the
+worker's first-step check and its ``/server_info`` report read it."""
+
+
+def witnessed(fn, what: str):
+    """``fn``, counting its calls in ``RAN[what]`` and logging one line at its first call in this process:
+    proof in the log that it ran."""
 
     def wrapper(*args, **kwargs):
-        if pending:
-            pending.clear()
+        if not RAN[what]:
             logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, what)
+        RAN[what] += 1
         return fn(*args, **kwargs)
 
     return wrapper
 
 
-_verify_tree_greedy = logged_once(verify_tree_greedy, "triton verify_tree_greedy")
-_tree_speculative_sampling = logged_once(tree_speculative_sampling, "triton tree_speculative_sampling")
+VERIFY_GREEDY, VERIFY_SAMPLING = "triton verify_tree_greedy", "triton tree_speculative_sampling"
+_verify_tree_greedy = witnessed(verify_tree_greedy, VERIFY_GREEDY)
+_tree_speculative_sampling = witnessed(tree_speculative_sampling, VERIFY_SAMPLING)
 
 
 def verify_tree_greedy_func(

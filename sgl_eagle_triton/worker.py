@@ -15,22 +15,32 @@ swapped in only while our workers call into SGLang, so that nothing else in the 
   -> :func:`sgl_eagle_triton.verify.eagle_sample` (sampled batches: Triton target probabilities and
   tree speculative sampling), and ``eagle_utils.verify_tree_greedy_func`` (greedy batches) ->
   :mod:`sgl_eagle_triton.kernels.verify_greedy`.
+
+The glue proves itself twice. At start-up (:func:`check_call_sites`) every SGLang method we wrap must still
+reach the name we rebind or the method we override (read from the methods' bytecode), else the worker
+refuses to start. After the first draft and the first verify of each kind, the kernel that should have run
+must have run (:data:`sgl_eagle_triton.verify.RAN`), else an error goes to the log and to ``/server_info``
+(``internal_states[0]["eagle_triton"]``, :meth:`EagleTritonWorkerV2.kernel_report`).
 """
 
 from __future__ import annotations
 
+import dis
+import inspect
 import logging
+import types
 from contextlib import contextmanager
 
+import sglang
 import torch
-from sglang.srt.speculative import eagle_utils, eagle_worker_common, eagle_worker_v2
+from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from sgl_eagle_triton import ALGORITHM_NAME, config, draft_check, verify
+from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, verify
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.verify import logged_once
+from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, witnessed
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +52,96 @@ KERNELS_IN_USE = {
     "verify greedy": "triton sgl_eagle_triton.kernels.verify_greedy",
     "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
 }
+FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 
-
-# SGLang names this worker rebinds or relies on: checked when the worker is built, so that an SGLang
-# whose EAGLE internals moved fails at server start rather than at the first decode.
+# SGLang names this worker uses without wrapping a caller (checked to exist).
 _SGLANG_NAMES = (
-    (eagle_worker_v2, "EagleDraftWorker"),
-    (eagle_worker_v2, "organize_draft_results"),
-    (eagle_worker_common, "build_tree_kernel_efficient"),
-    (eagle_worker_common, "eagle_sample"),
-    (eagle_utils, "verify_tree_greedy_func"),
-    (eagle_utils, "eagle_sample"),
-    (eagle_utils, "_verify_coins"),
+    (eagle_worker_v2, "organize_draft_results"),  # draft check mode
+    (eagle_utils, "eagle_sample"),  # our eagle_sample's greedy path
+    (eagle_utils, "_verify_coins"),  # our eagle_sample's coins
 )
+
+
+CALL_SITES = (
+    # (owner, caller): SGLang's ``owner.caller`` must reach ``module.name`` (a global it looks up, which we rebind
+    # while it runs) or, with ``module`` None, the method ``name`` (which our subclasses override).
+    (EAGLEWorkerV2, "__init__", eagle_worker_v2, "EagleDraftWorker"),
+    (EAGLEWorkerV2, "alloc_memory_pool", None, "alloc_memory_pool"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
+    (EagleDraftWorker, "draft", None, "draft_forward"),
+    (eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner, "capture_one_shape", None, "draft_forward"),
+    (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
+    (EAGLEWorkerV2, "verify", eagle_worker_common, "eagle_sample"),
+    (eagle_utils, "eagle_sample", eagle_utils, "verify_tree_greedy_func"),
+)
+
+
+def _names(code: types.CodeType):
+    """``("global" | "attr", name)`` of every global and attribute lookup in ``code`` and its nested functions."""
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            yield "global", ins.argval
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            yield "attr", ins.argval
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def reaches(caller, module, name: str, hops: int = 2) -> bool:
+    """Whether ``caller``, or an SGLang function it calls by global name (up to ``hops`` calls deep), looks up
+    ``name``: as a global of ``module`` (so that rebinding ``module.name`` takes effect), or as an attribute
+    when ``module`` is None."""
+    todo, seen = [(inspect.unwrap(caller), hops)], set()
+    while todo:
+        fn, left = todo.pop()
+        if fn in seen or not inspect.isfunction(fn):
+            continue
+        seen.add(fn)
+        names = set(_names(fn.__code__))
+        if module is None and ("attr", name) in names:
+            return True
+        if module is not None and fn.__globals__ is vars(module) and ("global", name) in names:
+            return True
+        if left:
+            for kind, n in names:
+                callee = fn.__globals__.get(n) if kind == "global" else None
+                if inspect.isfunction(callee) and callee.__module__.startswith("sglang"):
+                    todo.append((inspect.unwrap(callee), left - 1))
+    return False
+
+
+def check_call_sites() -> None:
+    """Refuse to start (RuntimeError naming each broken call site and this SGLang's version) unless every SGLang
+    method we wrap still reaches what we swap in (:data:`CALL_SITES`): otherwise stock kernels would run under a
+    "triton" banner."""
+    problems = [f"{module.__name__}.{name} (missing)" for module, name in _SGLANG_NAMES if not hasattr(module, name)]
+    for owner, attr, module, name in CALL_SITES:
+        if not reaches(getattr(owner, attr), module, name):
+            target = f"{module.__name__}.{name}" if module is not None else f"the method {name}"
+            where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
+            problems.append(f"{where}.{attr} no longer reaches {target}")
+    if problems:
+        raise RuntimeError(
+            f"{ALGORITHM_NAME} (sgl-eagle-triton {__version__}) cannot run on SGLang {sglang.__version__}: "
+            + "; ".join(problems)
+            + ". Its Triton kernels enter SGLang's EAGLE worker through these call sites, so stock kernels would "
+            f"run instead. sgl-eagle-triton is tested on SGLang {', '.join(config.TESTED_SGLANG_VERSIONS)} (the "
+            f"versions its GPU suite passed on): pip install 'sglang=={config.TESTED_SGLANG_VERSIONS[-1]}'."
+        )
+
+
+_errors: list[str] = []
+
+
+def _witness(what: str, before: int, when: str) -> None:
+    """Log (and keep for ``/server_info``) an error unless ``RAN[what]`` moved past ``before``."""
+    if RAN[what] <= before:
+        message = (f"{ALGORITHM_NAME}: {what} did not run in {when} (SGLang {sglang.__version__} took another "
+                   "path: stock kernels ran)")
+        logger.error(message)
+        _errors.append(message)
 
 
 @contextmanager
@@ -68,8 +155,8 @@ def _swapped(module, name: str, replacement):
         setattr(module, name, original)
 
 
-_build_tree = logged_once(build_tree_kernel_efficient, "triton build_tree")
-_fused_draft = logged_once(FusedDrafter.draft, "triton fused drafter")
+_build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
+_fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 
 
 class TritonEagleDraftWorker(EagleDraftWorker):
@@ -126,18 +213,26 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             stock = super().draft_forward(forward_batch)
         draft_check.record(check_file, tree, stock, captured[0] if captured else None, self.topk)
 
+    _first_draft_checked = False
+
     def draft(self, batch, *args, **kwargs):
+        check = not self._first_draft_checked and not batch.forward_mode.is_idle()
+        before = RAN[BUILD_TREE]
         with _swapped(eagle_worker_common, "build_tree_kernel_efficient", _build_tree):
-            return super().draft(batch, *args, **kwargs)
+            result = super().draft(batch, *args, **kwargs)
+        if check:  # our draft forward ran eagerly or was captured in the draft graph being replayed
+            self._first_draft_checked = True
+            _witness(FUSED_DRAFTER, 0, "the first draft (neither captured nor called)")
+            _witness(BUILD_TREE, before, "the first draft")
+        return result
 
 
 class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
     def __init__(self, *args, **kwargs):
-        missing = [f"{module.__name__}.{name}" for module, name in _SGLANG_NAMES if not hasattr(module, name)]
-        if missing:
-            raise RuntimeError(f"{ALGORITHM_NAME} is built against SGLang 0.5.17; this SGLang lacks {missing}")
+        check_call_sites()
+        self._verify_checks_left = {VERIFY_GREEDY, VERIFY_SAMPLING}
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
         logger.info(
@@ -151,8 +246,22 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         )
 
     def verify(self, batch, *args, **kwargs):
+        expected = None
+        if self._verify_checks_left and not batch.forward_mode.is_idle():
+            expected = VERIFY_GREEDY if batch.sampling_info.is_all_greedy else VERIFY_SAMPLING
+        before = RAN[expected] if expected in self._verify_checks_left else None
         with (
             _swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func),
             _swapped(eagle_worker_common, "eagle_sample", verify.eagle_sample),
         ):
-            return super().verify(batch, *args, **kwargs)
+            result = super().verify(batch, *args, **kwargs)
+        if before is not None:
+            self._verify_checks_left.discard(expected)
+            _witness(expected, before, f"the first {'greedy' if expected == VERIFY_GREEDY else 'sampled'} verify")
+        return result
+
+    def kernel_report(self) -> dict:
+        """What ``/server_info`` shows under ``internal_states[0]["eagle_triton"]``: the kernel paths, how often
+        each of our entry points ran in this scheduler, and the first-step check's errors (empty when all ran)."""
+        return {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
+                "ran": dict(RAN), "errors": list(_errors)}

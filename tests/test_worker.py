@@ -1,0 +1,273 @@
+"""worker.py on the CPU: the start-up proof that SGLang still reaches every call site we swap, the first-step
+check that our kernels ran, the ``/server_info`` report, ``draft_forward``'s contract, the ``alloc_memory_pool``
+binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tests/fake_sglang.py)."""
+
+import functools
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import sglang
+import torch
+from sglang.srt.speculative import eagle_utils, eagle_worker_common
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from sgl_eagle_triton import config, plugin, verify, worker
+from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
+from sgl_eagle_triton.reference import drafter as ref
+from sgl_eagle_triton.testing import random_batch, random_draft
+from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
+from tests import fake_sglang
+from tests.tiny_models import TRAINED_PAIR
+
+
+@pytest.fixture
+def fresh_counts(monkeypatch):
+    """``verify.RAN`` and the worker's error list emptied for the test, restored after it."""
+    saved = verify.RAN.copy()
+    verify.RAN.clear()
+    monkeypatch.setattr(worker, "_errors", [])
+    yield verify.RAN
+    verify.RAN.clear()
+    verify.RAN.update(saved)
+
+
+# --- start-up: SGLang's methods still reach what we swap in -----------------------------------------------------
+
+
+def test_installed_sglang_reaches_every_call_site():
+    assert config.TESTED_SGLANG_VERSIONS[-1] == sglang.__version__
+    worker.check_call_sites()
+    assert all(worker.reaches(getattr(owner, attr), module, name) for owner, attr, module, name in worker.CALL_SITES)
+
+
+def _stock_verify_that_moved_its_sampling(self, batch, grammar_barrier=None):
+    return eagle_utils.eagle_sample(None, batch, None)  # no longer through eagle_worker_common.eagle_sample
+
+
+def _draft_forward_renamed(self, batch):
+    return self.draft_forward_v3(batch)
+
+
+@pytest.mark.parametrize("owner, method, replacement, named", [
+    (EAGLEWorkerV2, "verify", _stock_verify_that_moved_its_sampling, "eagle_worker_common.eagle_sample"),
+    (EagleDraftWorker, "draft", _draft_forward_renamed, "the method draft_forward"),
+])
+def test_a_moved_call_site_refuses_to_start(monkeypatch, owner, method, replacement, named):
+    monkeypatch.setattr(owner, method, replacement)
+    with pytest.raises(RuntimeError) as err:
+        EagleTritonWorkerV2()  # the check runs before anything else is built
+    message = str(err.value)
+    assert named in message and f"SGLang {sglang.__version__}" in message
+    assert re.search(rf"{owner.__module__}\.{owner.__qualname__}\.{method} no longer reaches [\w.]*{named}", message)
+    assert "tested on SGLang 0.5.17" in message and "pip install 'sglang==0.5.17'" in message
+
+
+def test_a_wrapped_method_that_still_calls_through_passes(monkeypatch):
+    original = EAGLEWorkerV2.verify
+
+    @functools.wraps(original)
+    def timed(self, *args, **kwargs):  # e.g. another plugin's AROUND hook
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EAGLEWorkerV2, "verify", timed)
+    worker.check_call_sites()
+
+
+def test_a_missing_name_refuses_to_start(monkeypatch):
+    monkeypatch.delattr(eagle_utils, "_verify_coins")
+    with pytest.raises(RuntimeError, match=r"eagle_utils\._verify_coins \(missing\)"):
+        worker.check_call_sites()
+
+
+def test_pyproject_pins_the_tested_sglang():
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    pins = re.findall(r'"sglang==([\d.]+)"', text)
+    assert pins == list(config.TESTED_SGLANG_VERSIONS)
+
+
+# --- after the first step: the kernel that should have run did -----------------------------------------------------
+
+
+def _greedy_batch():
+    return SimpleNamespace(forward_mode=fake_sglang.ForwardMode(), sampling_info=SimpleNamespace(is_all_greedy=True))
+
+
+def _verify_worker():
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._verify_checks_left = {verify.VERIFY_GREEDY, verify.VERIFY_SAMPLING}
+    return w
+
+
+def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, caplog):
+    monkeypatch.setattr(EAGLEWorkerV2, "verify", lambda self, batch, grammar_barrier=None: "stock result")
+    w = _verify_worker()
+    with caplog.at_level(logging.ERROR, logger=worker.logger.name):
+        assert w.verify(_greedy_batch()) == "stock result"
+        w.verify(_greedy_batch())  # checked once
+    report = w.kernel_report()
+    assert len(report["errors"]) == 1 and "triton verify_tree_greedy did not run in the first greedy verify" in (
+        report["errors"][0])
+    assert report["errors"][0] in caplog.text
+    assert report["sglang_version"] == sglang.__version__ and report["kernels"] == worker.KERNELS_IN_USE
+
+
+def test_first_verify_through_the_swapped_names_is_ours(monkeypatch, fresh_counts):
+    def stock_verify(self, batch, grammar_barrier=None):  # SGLang's greedy path, reaching the swapped name
+        outputs = (torch.zeros(2, dtype=torch.int32), torch.full((1, 2), -1, dtype=torch.int32),
+                   torch.zeros(1, dtype=torch.int32))
+        tree = [torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), torch.tensor([[1, -1]]), torch.tensor([[-1, -1]]),
+                torch.tensor([[6, 9]])]
+        return eagle_utils.verify_tree_greedy_func(*outputs, *tree)
+
+    monkeypatch.setattr(EAGLEWorkerV2, "verify", stock_verify)
+    w = _verify_worker()
+    predicts, accept_index, accepted = w.verify(_greedy_batch())
+    assert accepted.tolist() == [1] and fresh_counts[verify.VERIFY_GREEDY] == 1
+    assert w.kernel_report()["errors"] == [] and w._verify_checks_left == {verify.VERIFY_SAMPLING}
+
+
+def test_first_draft_without_our_kernels_is_an_error(monkeypatch, fresh_counts):
+    monkeypatch.setattr(EagleDraftWorker, "draft", lambda self, batch: "stock tree")
+    w = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    assert w.draft(SimpleNamespace(forward_mode=fake_sglang.ForwardMode(idle=True))) == "stock tree"
+    assert worker._errors == []  # idle batches are not checked
+    w.draft(SimpleNamespace(forward_mode=fake_sglang.ForwardMode()))
+    assert [e.split(" did not run")[0] for e in worker._errors] == [
+        "EAGLE_TRITON: triton fused drafter", "EAGLE_TRITON: triton build_tree"]
+
+
+def test_first_draft_through_the_swapped_build_tree_is_ours(monkeypatch, fresh_counts):
+    def stock_draft(self, batch):  # looks the swapped name up at call time, as SGLang's draft does
+        return eagle_worker_common.build_tree_kernel_efficient()
+
+    monkeypatch.setattr(EagleDraftWorker, "draft", stock_draft)
+    monkeypatch.setattr(worker, "_build_tree", verify.witnessed(lambda: None, worker.BUILD_TREE))
+    fresh_counts[worker.FUSED_DRAFTER] = 1  # captured in the draft graph at start-up
+    w = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    w.draft(SimpleNamespace(forward_mode=fake_sglang.ForwardMode()))
+    assert worker._errors == [] and fresh_counts[worker.BUILD_TREE] == 1
+
+
+def test_server_info_hook_adds_the_report(fresh_counts):
+    w = _verify_worker()
+    state = plugin.report_kernels({"avg_spec_accept_length": 2.0}, SimpleNamespace(draft_worker=w))
+    assert state["avg_spec_accept_length"] == 2.0 and state["eagle_triton"]["errors"] == []
+    stock = plugin.report_kernels({"x": 1}, SimpleNamespace(draft_worker=SimpleNamespace()))
+    assert stock == {"x": 1}
+
+
+def test_server_info_hook_is_applied():
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    load_plugins()
+    assert any(hook is plugin.report_kernels for _, hook, _ in HookRegistry._hooks[plugin.INTERNAL_STATE_TARGET])
+    assert plugin.INTERNAL_STATE_TARGET in HookRegistry._patched
+    assert Scheduler.get_internal_state.__wrapped__.__qualname__ == "Scheduler.get_internal_state"
+
+
+# --- draft_forward and alloc_memory_pool ----------------------------------------------------------------------------
+
+TOPK, STEPS, N = 4, 3, 8
+
+
+def _bound_draft_worker(w, batch):
+    drafter = FusedDrafter(w, TOPK, STEPS, N, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
+    dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    dw.fused_drafter, dw.topk = drafter, TOPK
+    return dw
+
+
+def test_draft_forward_follows_sglangs_contract(fresh_counts):
+    """``(parent_list, top_scores_index, draft_tokens, None)`` of the fused drafter, positions advanced by
+    steps - 1 in place, exactly as the fused drafter alone and the drafter's twin (no near-tie in this case)."""
+    w, gen = random_draft(True, "cpu", seed=5)
+    batch = random_batch(w, 2, TOPK, STEPS, [9, 4], gen, "cpu")
+    spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
+    forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
+                                    seq_lens=batch["seq_lens"], req_pool_indices=batch["req_pool_indices"])
+    out = _bound_draft_worker(w, batch).draft_forward(forward_batch)
+    assert len(out) == 4 and out[3] is None and fresh_counts[worker.FUSED_DRAFTER] == 1
+    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
+    positions = batch["positions"].clone()
+    expected = ref.draft(w, TOPK, STEPS, N, batch["topk_p"], batch["topk_index"], batch["hidden"], positions, kv)
+    assert all(torch.equal(o, e) for o, e in zip(out[:3], expected[:3], strict=True))
+    assert [t.shape for t in out[:3]] == [(2, TOPK * (STEPS - 1) + 1), (2, N - 1), (2, N - 1)]
+    assert torch.equal(forward_batch.positions, positions)
+    assert torch.equal(positions, batch["positions"] + STEPS - 1)
+
+
+@pytest.fixture
+def pool_worker(monkeypatch, eagle_triton_args):
+    """A TritonEagleDraftWorker whose SGLang ``alloc_memory_pool`` hands it stand-in pools; returns
+    ``(worker, weights, pools)`` before the call."""
+    w, _ = random_draft(True, "cpu", seed=1)
+    sa = eagle_triton_args(["--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm", "EAGLE_TRITON",
+                            "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"),
+                            "--speculative-num-steps", "5", "--speculative-eagle-topk", "4",
+                            "--speculative-num-draft-tokens", "8"])
+    context = 64
+    pools = {"k": torch.zeros(10, w.num_kv_heads, w.head_dim), "v": torch.zeros(10, w.num_kv_heads, w.head_dim),
+             "req_to_token": torch.zeros(3, context + 40, dtype=torch.int32)}
+
+    def stock_alloc(self, **kwargs):
+        self.req_to_token_pool = SimpleNamespace(req_to_token=pools["req_to_token"])
+
+    monkeypatch.setattr(EagleDraftWorker, "alloc_memory_pool", stock_alloc)
+    dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    buffers = {"k": {3: pools["k"]}, "v": {3: pools["v"]}}  # the draft layer's layer_id is 3 (fake_sglang)
+    dw.draft_runner = SimpleNamespace(model=fake_sglang.draft_model(w, vocab_padding=8),
+                                      token_to_kv_pool=SimpleNamespace(get_key_buffer=buffers["k"].__getitem__,
+                                                                       get_value_buffer=buffers["v"].__getitem__))
+    dw.target_worker = SimpleNamespace(model_config=SimpleNamespace(context_len=context))
+    dw.server_args, dw.hot_token_id = sa, w.token_map
+    dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 4, 5, 8
+    return dw, w, pools
+
+
+def test_alloc_memory_pool_binds_the_drafter_to_sglangs_pools(pool_worker):
+    dw, w, pools = pool_worker
+    dw.alloc_memory_pool(memory_pool_config=None)
+    d = dw.fused_drafter
+    assert d.k_cache is pools["k"] and d.v_cache is pools["v"] and d.req_to_token is pools["req_to_token"]
+    assert (d.topk, d.num_steps, d.num_draft_tokens) == (4, 5, 8)
+    assert d.w.qkv is w.qkv and d.w.token_map is w.token_map and d.w.eagle3
+
+
+def test_alloc_memory_pool_refuses_rows_without_the_reservation(pool_worker):
+    dw, _, pools = pool_worker
+    pools["req_to_token"] = torch.zeros(3, 64 + 4 + 8, dtype=torch.int32)  # SGLang's own width at page size 1
+    with pytest.raises(RuntimeError, match="req_to_token rows hold 76 tokens.*reserves up to 104"):
+        dw.alloc_memory_pool(memory_pool_config=None)
+
+
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+def test_draft_weights_bind_sglangs_tensors_by_reference(eagle3):
+    w, _ = random_draft(eagle3, "cpu")
+    model = fake_sglang.draft_model(w, vocab_padding=8)
+    bound = draft_weights(model, w.token_map)
+    assert bound.eagle3 == eagle3 and bound.token_map is w.token_map
+    for name in ("embed", "qkv", "o_proj", "post_norm", "gate_up", "down", "input_norm", "hidden_norm", "final_norm",
+                 "fc", "fc_bias", "qkv_bias"):
+        assert getattr(bound, name) is getattr(w, name), name
+    # the LM head without SGLang's padding rows, still a view of the model's tensor
+    assert bound.lm_head.shape == w.lm_head.shape and bound.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
+    assert (bound.num_q_heads, bound.num_kv_heads, bound.head_dim, bound.eps) == (
+        w.num_q_heads, w.num_kv_heads, w.head_dim, w.eps)
+    assert bound.rotary is model.model.layers[0].self_attn.rotary_emb
+
+
+def test_draft_weights_refuse_the_fallback_rope_and_fp16():
+    w, _ = random_draft(True, "cpu")
+    model = fake_sglang.draft_model(w)
+    model.model.layers[0].self_attn.rotary_emb.use_fallback_kernel = True
+    with pytest.raises(ValueError, match="neox RoPE"):
+        draft_weights(model, w.token_map)
+    model = fake_sglang.draft_model(w)
+    model.model.layers[0].mlp.down_proj.weight = w.down.half()
+    with pytest.raises(ValueError, match="bf16 drafts only"):
+        draft_weights(model, w.token_map)
