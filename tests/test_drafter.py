@@ -1,72 +1,135 @@
-"""The fused drafter (``FusedDrafter.draft``: the whole draft of a decode cycle) against its PyTorch twin
-on random one-layer EAGLE-3 and EAGLE-1 drafts, with a scattered paged KV prefix of ragged lengths."""
+"""The fused drafter (``FusedDrafter.draft``: the whole draft of a decode cycle) against its PyTorch twin on random
+one-layer EAGLE-3 and EAGLE-1 drafts, with a scattered paged KV prefix of ragged lengths.
+
+Two drafters that differ only in bf16 rounding choose different trees after a near-tie, and from there on
+compare nothing alike. So the twin is teacher-forced: the fused drafter runs once and each of its forwards'
+outputs (top-k probabilities and ids) and carried hidden states is recorded; then
+
+1. the tree: the twin's selection (SGLang's ``select_top_k_tokens`` / ``organize_draft_results``) applied to the
+   recorded forward outputs must give exactly the fused drafter's ``parent_list``, ``top_scores_index``,
+   ``draft_tokens``, candidate scores and advanced positions, at every batch size (integer bookkeeping and
+   selection; no tolerance);
+2. each forward: the twin's forward from the same inputs (the recorded hidden state of the frontier rows the
+   selection picked, the same tokens and positions, the twin's own chain KV) must pick the same top-k ids in
+   every row unless that row's k-th and k+1-th probabilities are within ``NEAR_TIE`` in the twin, and the
+   probabilities of the ids both picked must agree to ``PROB_RTOL`` (largest) / ``PROB_MEDIAN`` (median).
+"""
 
 import pytest
 import torch
 
+from sgl_eagle_triton import drafter as drafter_module
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.reference import drafter as ref
+from sgl_eagle_triton.reference.draft_select import organize, select_step
 from sgl_eagle_triton.testing import random_batch, random_draft
 
-NEAR_TIE = 0.06  # relative probability gap of two logits one bf16 ulp apart (|logit| <= ~8)
+# Measured kernel vs twin on the CPU (Triton interpreter), teacher-forced, this file's cases x 3 seeds: the largest
+# relative probability difference in a forward 0.093 (bf16 logit flips: one ulp is 3.1 % at |logit| in [4, 8),
+# 6.3 % in [8, 16)), the median of a forward at most 0.016; rows whose top-k ids differed had a k-th / k+1-th
+# gap of 0 (equal bf16 logits) or 0.031 (one ulp). Bounds: about 1.6x, 2x and 4.5x those.
+NEAR_TIE = 0.14
+PROB_RTOL = 0.15
+PROB_MEDIAN = 0.03
 
 
-def run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=0, max_differing=0.5, **dims):
+def recorded_draft(monkeypatch, w, batch, topk, steps, n):
+    """``(outputs, positions, forwards)``: the fused drafter's outputs, its advanced positions, and per forward
+    ``(hidden_in [rows, H] bf16, p [R, k], index [R, k])`` (the hidden state the forward's rows gather from)."""
+    forwards = []
+    record_input, record_head = drafter_module.draft_input, drafter_module.lm_head_topk
+
+    def draft_input(input_ids, embed, hidden, hidden_rows, x, **kwargs):
+        forwards.append([hidden.clone()])
+        return record_input(input_ids, embed, hidden, hidden_rows, x, **kwargs)
+
+    def lm_head_topk(*args, out_p, out_index, **kwargs):
+        result = record_head(*args, out_p=out_p, out_index=out_index, **kwargs)
+        forwards[-1] += [out_p.clone(), out_index.clone()]
+        return result
+
+    drafter = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
+    positions = batch["positions"].clone()
+    with monkeypatch.context() as patch:
+        patch.setattr(drafter_module, "draft_input", draft_input)
+        patch.setattr(drafter_module, "lm_head_topk", lm_head_topk)
+        outputs = drafter.draft(batch["topk_p"], batch["topk_index"], batch["hidden"], positions, batch["seq_lens"],
+                                batch["req_pool_indices"])
+    return outputs, positions, forwards
+
+
+def check_draft(outputs, positions, forwards, w, batch, topk, steps, n):
+    """The two checks of the module docstring; returns the forwards' ``(rows with a near-tie, rows)``."""
+    bs = batch["topk_p"].shape[0]
+    assert len(forwards) == steps - 1 and all(len(f) == 3 for f in forwards)
+    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
+    chain_k = torch.empty(max(steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
+                          device=batch["hidden"].device)
+    chain_v = torch.empty_like(chain_k)
+    p = batch["topk_p"]
+    index = w.token_map[batch["topk_index"]] if w.token_map is not None else batch["topk_index"]
+    scores, score_list, token_list, parents_list = None, [], [], []
+    near_ties = rows = 0
+    for step in range(steps):
+        input_ids, hidden_rows, scores, cand_scores, cand_tokens, parents = select_step(step, p, index, scores, topk)
+        score_list.append(cand_scores)
+        token_list.append(cand_tokens)
+        parents_list.append(parents)
+        if step == steps - 1:
+            break
+        hidden_in, p, index = forwards[step]
+        margins = []
+        twin_p, twin_index, _ = ref.draft_step(w, input_ids, hidden_in[hidden_rows], batch["positions"] + step, step,
+                                               topk, kv, chain_k, chain_v, margins)
+        same = (twin_index.sort(dim=-1).values == index.sort(dim=-1).values).all(dim=-1)
+        tied = margins[0] < NEAR_TIE
+        assert (same | tied).all(), f"forward {step}: rows {(~same & ~tied).nonzero().flatten().tolist()} differ"
+        # probabilities of the ids both picked
+        match = index[:, :, None] == twin_index[:, None, :]
+        ours_p = p[:, :, None].expand_as(match)[match]
+        twin_p = twin_p[:, None, :].expand_as(match)[match]
+        rel = (ours_p - twin_p).abs() / twin_p.abs().clamp_min(1e-30)
+        assert rel.max() < PROB_RTOL and rel.median() < PROB_MEDIAN, (step, rel.max().item(), rel.median().item())
+        near_ties, rows = near_ties + int(tied.sum()), rows + tied.numel()
+    expected = (*organize(score_list, token_list, parents_list, n), torch.cat(score_list, dim=1))
+    for name, got, want in zip(("parent_list", "top_scores_index", "draft_tokens", "all_scores"), outputs, expected,
+                               strict=True):
+        assert torch.equal(got, want), name
+    assert torch.equal(positions, batch["positions"] + steps - 1)
+    return near_ties, rows
+
+
+def run_case(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens, seed=0, **dims):
     w, gen = random_draft(eagle3, device, seed=seed, **dims)
     batch = random_batch(w, bs, topk, steps, seq_lens, gen, device)
-    drafter = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
-    inputs = (batch["topk_p"], batch["topk_index"], batch["hidden"])
-    ours_positions = batch["positions"].clone()
-    ours = drafter.draft(*inputs, ours_positions, batch["seq_lens"], batch["req_pool_indices"])
-    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
-    ref_positions = batch["positions"].clone()
-    expected = ref.draft(w, topk, steps, n, *inputs, ref_positions, kv)
-    same = torch.ones(bs, dtype=torch.bool, device=device)
-    for got, want in zip(ours[:3], expected[:3], strict=True):
-        same &= (got == want).all(dim=1) if got.numel() else same
-    # The attention kernel rounds its softmax weights to bf16 (as flash attention does) where the twin keeps
-    # fp32, so a bf16 logit may round to its neighbour: two tokens whose logits are one bf16 ulp apart
-    # (probabilities a few % apart) may swap, and any probability may move by such a rounding flip (a few %
-    # per step of a cumulative score). A tree may differ only after a near-tie; scores, compared as sets
-    # since a swap permutes them, agree to within those flips.
-    # (With topk 1 the runner-up token is no candidate, so its near-tie leaves no trace in the scores.)
-    for b in (~same).nonzero().flatten().tolist() if topk > 1 else []:
-        ref_sorted = expected[3][b].double().sort(descending=True).values
-        assert ((ref_sorted[:-1] - ref_sorted[1:]) / ref_sorted[:-1]).min() < NEAR_TIE, f"request {b}: no near-tie"
-    assert (~same).sum() <= max(1, max_differing * bs)
-    # Every request agrees on its first two steps' candidates (no frontier choice precedes them), the
-    # requests with equal trees on all of them.
-    first = topk + topk * topk if steps > 1 else topk
-    for rows, width in ((same, ours[3].shape[1]), (~same, first)):
-        if rows.any():
-            ours_sorted = ours[3][rows, :width].sort(dim=-1).values
-            ref_sorted = expected[3][rows, :width].sort(dim=-1).values
-            rel = (ours_sorted - ref_sorted).abs() / ref_sorted.abs().clamp_min(1e-30)
-            assert rel.max() < 0.15 and rel.median() < 1e-2
-    assert torch.equal(ours_positions, ref_positions)
+    outputs, positions, forwards = recorded_draft(monkeypatch, w, batch, topk, steps, n)
+    return check_draft(outputs, positions, forwards, w, batch, topk, steps, n)
+
+
+CASES = [  # bs, topk, steps, n, prefix lengths
+    (1, 1, 1, 2, [5]),
+    (1, 1, 3, 4, [7]),
+    (1, 8, 2, 16, [12]),
+    (1, 4, 4, 10, [33]),
+    (2, 4, 3, 8, [1, 17]),
+    (3, 2, 4, 7, [9, 3, 30]),
+    (8, 2, 3, 6, [5, 9, 13, 20, 3, 7, 30, 11]),
+]
 
 
 @pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
-@pytest.mark.parametrize(
-    "bs,topk,steps,n,seq_lens",
-    [
-        (1, 1, 1, 2, [5]),
-        (1, 1, 3, 4, [7]),
-        (2, 4, 3, 8, [1, 17]),
-        (3, 2, 4, 7, [9, 3, 30]),
-        (1, 8, 2, 16, [12]),
-    ],
-)
-def test_fused_draft_matches_twin(device, eagle3, bs, topk, steps, n, seq_lens):
-    run_case(device, eagle3, bs, topk, steps, n, seq_lens, seed=bs * 10 + topk + steps)
+@pytest.mark.parametrize("bs,topk,steps,n,seq_lens", CASES)
+def test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens):
+    near_ties, rows = run_case(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens, seed=bs * 10 + topk + steps)
+    assert rows == 0 or near_ties < rows  # some choice in the case is no near-tie
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
-@pytest.mark.parametrize("bs,topk,steps,n", [(1, 8, 5, 32), (4, 4, 3, 16), (8, 1, 5, 6)])
-def test_cuda_llama_like_dims(eagle3, bs, topk, steps, n):
+@pytest.mark.parametrize("bs,topk,steps,n", [(1, 8, 5, 32), (4, 4, 3, 16), (8, 1, 5, 6), (8, 8, 3, 24)])
+def test_cuda_llama_like_dims(monkeypatch, eagle3, bs, topk, steps, n):
     lens = [100 + 997 * i % 3000 for i in range(bs)]
-    run_case("cuda", eagle3, bs, topk, steps, n, lens, max_differing=0.25, H=512, Hq=8, Hkv=2, D=64, inter=1024,
+    run_case(monkeypatch, "cuda", eagle3, bs, topk, steps, n, lens, H=512, Hq=8, Hkv=2, D=64, inter=1024,
              vocab=4000, draft_vocab=2000)
 
 

@@ -7,13 +7,22 @@ import torch
 from sgl_eagle_triton.reference.draft_attention import draft_attention
 from sgl_eagle_triton.reference.draft_select import organize, select_step
 from sgl_eagle_triton.reference.linear import linear, rms_norm
-from sgl_eagle_triton.reference.lm_head_topk import lm_head_topk
+from sgl_eagle_triton.reference.lm_head_topk import lm_head_logits, lm_head_topk
 
 
-def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v):
+def _gap(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Relative gap between the ``k``-th and ``k+1``-th largest of each row of ``values`` (inf if none)."""
+    if values.shape[-1] <= k:
+        return torch.full(values.shape[:-1], float("inf"), device=values.device)
+    top = values.topk(k + 1, dim=-1).values.double()
+    return (top[..., k - 1] - top[..., k]) / top[..., k - 1].abs().clamp_min(1e-300)
+
+
+def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v, margins=None):
     """One draft forward: ``(topk_p [R, k], topk_index [R, k] target ids, new hidden [R, H])``.
 
-    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens) as for the attention twin."""
+    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens) as for the attention twin. ``margins``:
+    a list that receives each row's relative gap between its ``k``-th and ``k+1``-th probability [R]."""
     embeds = w.embed[input_ids]
     if w.eagle3:
         residual = hidden
@@ -28,17 +37,23 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
     h1, h1_sum = linear(attn, w.o_proj, bias=w.o_bias, residual=residual)
     act, _ = linear(h1_sum, w.gate_up, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
     s, s_sum = linear(act, w.down, residual=h1)
-    if w.eagle3:
-        p, index = lm_head_topk(s_sum, w.lm_head, topk, norm_weight=w.final_norm, eps=w.eps, token_map=w.token_map)
-    else:
-        p, index = lm_head_topk(s, w.lm_head, topk, token_map=w.token_map)
+    head_in, norm = (s_sum, dict(norm_weight=w.final_norm, eps=w.eps)) if w.eagle3 else (s, {})
+    p, index = lm_head_topk(head_in, w.lm_head, topk, token_map=w.token_map, **norm)
+    if margins is not None:
+        margins.append(_gap(torch.softmax(lm_head_logits(head_in, w.lm_head, **norm), dim=-1), topk))
     return p, index, s
 
 
-def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv):
+def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv, margins=None):
     """``(parent_list, top_scores_index, draft_tokens, all_scores)`` and ``positions`` advanced by ``S - 1`` in place;
     arguments as :meth:`FusedDrafter.draft` with kv = (k_cache, v_cache, req_to_token, req_pool_indices,
-    seq_lens)."""
+    seq_lens).
+
+    ``margins`` (a list, optional) receives the relative gap at every choice the draft makes, as [bs] tensors
+    (the smallest over a request's rows): each forward's top-k over the vocabulary (``k``-th vs ``k+1``-th
+    probability), each step's frontier (``k``-th vs ``k+1``-th cumulative score) and the final prune
+    (``n-1``-th vs ``n``-th score). Where all are large, any drafter that computes the same scores to within
+    a smaller relative error must choose the same tree."""
     bs = topk_p.shape[0]
     chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
                           device=hidden.device)
@@ -47,12 +62,19 @@ def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, posi
     scores, score_list, token_list, parents_list = None, [], [], []
     for step in range(num_steps):
         input_ids, hidden_rows, scores, cand_scores, cand_tokens, parents = select_step(step, p, index, scores, topk)
+        if margins is not None and 0 < step < num_steps - 1:  # the last step's frontier feeds no forward
+            margins.append(_gap(cand_scores, topk))
         score_list.append(cand_scores)
         token_list.append(cand_tokens)
         parents_list.append(parents)
         if step == num_steps - 1:
             break
+        row_margins = [] if margins is not None else None
         p, index, hidden = draft_step(w, input_ids, hidden[hidden_rows], positions + step, step, topk, kv,
-                                      chain_k, chain_v)
+                                      chain_k, chain_v, row_margins)
+        if margins is not None:
+            margins.append(row_margins[0].view(bs, topk).min(dim=1).values)
     positions += num_steps - 1
+    if margins is not None:
+        margins.append(_gap(torch.cat(score_list, dim=1), num_draft_tokens - 1))
     return (*organize(score_list, token_list, parents_list, num_draft_tokens), torch.cat(score_list, dim=1))

@@ -1,0 +1,198 @@
+"""Tests that can fail: for every kernel family, a deliberately broken launcher is swapped in where the family's
+parity test finds it, and that test must fail (AssertionError). A broken variant that passes means the test
+cannot see that kind of bug.
+
+Each broken variant wraps the real launcher and corrupts one thing a plausible bug would: an output off by one
+position, a reversed or rolled token order, a dropped input, a wrong row.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from sgl_eagle_triton.drafter import FusedDrafter
+from tests import (
+    test_build_tree,
+    test_draft_attention,
+    test_draft_select,
+    test_drafter,
+    test_linear,
+    test_lm_head_topk,
+    test_rms_norm,
+    test_target_probs,
+    test_tree_sampling,
+    test_verify_greedy,
+)
+
+
+def broken(launcher, corrupt):
+    """``launcher`` followed by ``corrupt(args, kwargs, result)`` (which edits outputs in place)."""
+
+    @functools.wraps(launcher)
+    def run(*args, **kwargs):
+        result = launcher(*args, **kwargs)
+        corrupt(args, kwargs, result)
+        return result
+
+    return run
+
+
+def _drafter_with(corrupt):
+    original = FusedDrafter.draft
+
+    def draft(self, *args):
+        out = original(self, *args)
+        corrupt(out)
+        return out
+
+    return draft
+
+
+def _reverse_tokens_at_batch_1(out):
+    if out[2].shape[0] == 1:
+        out[2].copy_(out[2].flip(-1))
+
+
+def _roll_tokens_of_request_3(out):
+    if out[2].shape[0] == 8:
+        out[2][3].copy_(out[2][3].roll(1))
+
+
+def test_drafter_reversing_its_tokens_at_batch_1_fails(monkeypatch, device):
+    monkeypatch.setattr(FusedDrafter, "draft", _drafter_with(_reverse_tokens_at_batch_1))
+    with pytest.raises(AssertionError, match="draft_tokens"):
+        test_drafter.test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, True, 1, 4, 4, 10, [33])
+
+
+def test_drafter_permuting_tokens_at_batch_8_fails(monkeypatch, device):
+    monkeypatch.setattr(FusedDrafter, "draft", _drafter_with(_roll_tokens_of_request_3))
+    case = (8, 2, 3, 6, [5, 9, 13, 20, 3, 7, 30, 11])
+    with pytest.raises(AssertionError, match="draft_tokens"):
+        test_drafter.test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, False, *case)
+
+
+def test_drafter_with_a_short_attention_prefix_fails(monkeypatch, device):
+    """The draft attention misses each request's last prefix token: caught by the teacher-forced forwards."""
+    from sgl_eagle_triton import drafter as drafter_module
+
+    attention = drafter_module.draft_attention
+
+    def short_prefix(qkv, positions, cos_sin, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *rest):
+        return attention(qkv, positions, cos_sin, k_cache, v_cache, req_to_token, req_pool_indices,
+                         (seq_lens - 1).clamp_min(0), *rest)
+
+    monkeypatch.setattr(drafter_module, "draft_attention", short_prefix)
+    with pytest.raises(AssertionError):
+        test_drafter.test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, True, 2, 4, 3, 8, [1, 17])
+
+
+def test_draft_attention_off_by_one_row_fails(monkeypatch, device):
+    def corrupt(args, kwargs, out):
+        out[:-1] = out[1:].clone()
+
+    monkeypatch.setattr(test_draft_attention, "draft_attention", broken(test_draft_attention.draft_attention, corrupt))
+    with pytest.raises(AssertionError):
+        test_draft_attention.test_matches_reference(device, [1, 40, 17], 4, 4, 2, 32, 2)
+
+
+def test_linear_dropping_the_residual_fails(monkeypatch, device):
+    linear = test_linear.linear
+
+    def no_residual(x, w, out, *, residual=None, out_sum=None, **kwargs):
+        result = linear(x, w, out, **kwargs)
+        if out_sum is not None:
+            out_sum.copy_(out.float())
+        return result
+
+    monkeypatch.setattr(test_linear, "linear", no_residual)
+    with pytest.raises(AssertionError):
+        test_linear.test_fused_variants(device, 5, dict(residual=True))
+
+
+def test_rms_norm_without_its_weight_fails(monkeypatch, device):
+    rms_norm = test_rms_norm.rms_norm
+    monkeypatch.setattr(test_rms_norm, "rms_norm", lambda x, weight, eps: rms_norm(x, torch.ones_like(weight), eps))
+    with pytest.raises(AssertionError):
+        test_rms_norm.test_matches_reference(device, 3, 96, torch.bfloat16)
+
+
+def test_lm_head_topk_second_best_first_fails(monkeypatch, device):
+    def corrupt(args, kwargs, result):
+        p, index = result
+        p[:, :2] = p[:, :2].flip(-1).clone()
+        index[:, :2] = index[:, :2].flip(-1).clone()
+
+    monkeypatch.setattr(test_lm_head_topk, "lm_head_topk", broken(test_lm_head_topk.lm_head_topk, corrupt))
+    with pytest.raises(AssertionError):
+        test_lm_head_topk.test_matches_reference(device, 1)  # topk 4
+
+
+def test_draft_select_wrong_hidden_row_fails(monkeypatch, device):
+    def corrupt(args, kwargs, result):
+        hidden_rows = args[6]
+        hidden_rows.copy_(hidden_rows.flip(0))
+
+    monkeypatch.setattr(test_draft_select, "draft_select", broken(test_draft_select.draft_select, corrupt))
+    with pytest.raises(AssertionError):
+        test_draft_select.test_draft_tree_selection(device, 3, 2, 3, 5)
+
+
+def test_draft_organize_unsorted_fails(monkeypatch, device):
+    def corrupt(args, kwargs, result):
+        args[2].copy_(args[2].flip(-1))
+        args[3].copy_(args[3].flip(-1))
+
+    monkeypatch.setattr(test_draft_select, "draft_organize", broken(test_draft_select.draft_organize, corrupt))
+    with pytest.raises(AssertionError):
+        test_draft_select.test_draft_tree_selection(device, 1, 4, 3, 8)
+
+
+def test_build_tree_swapping_child_and_sibling_links_fails(monkeypatch, device):
+    build_tree_ = test_build_tree.kernels.build_tree_
+
+    def corrupt(args, kwargs, result):
+        next_token, next_sibling = args[6], args[7]
+        swapped = next_token.clone()
+        next_token.copy_(next_sibling)
+        next_sibling.copy_(swapped)
+
+    monkeypatch.setattr(test_build_tree.kernels, "build_tree_", broken(build_tree_, corrupt))
+    with pytest.raises(AssertionError, match="next_token"):
+        test_build_tree.test_sglang_example(test_build_tree.QLEN_ONLY, device)
+
+
+def test_verify_greedy_accepting_one_token_fewer_fails(monkeypatch, device):
+    def corrupt(args, kwargs, result):
+        accept_token_num = args[2]
+        accept_token_num.copy_((accept_token_num - 1).clamp_min(0))
+
+    one_fewer = broken(test_verify_greedy.verify_tree_greedy, corrupt)
+    monkeypatch.setattr(test_verify_greedy, "verify_tree_greedy", one_fewer)
+    with pytest.raises(AssertionError):
+        test_verify_greedy.test_chain_full_and_zero_acceptance(device, 11, 10)
+
+
+def test_target_probs_ignoring_min_p_fails(monkeypatch, device):
+    prepare = test_target_probs.prepare_target_probs
+
+    def no_min_p(logits, temperatures, top_ks, top_ps, min_ps, *args, **kwargs):
+        return prepare(logits, temperatures, top_ks, top_ps, torch.zeros_like(min_ps), *args, **kwargs)
+
+    monkeypatch.setattr(test_target_probs, "prepare_target_probs", no_min_p)
+    with pytest.raises(AssertionError):
+        test_target_probs.test_every_filter_combination(device, test_target_probs.ALL, 1.0, 0.1)
+
+
+def test_tree_sampling_with_mirrored_coins_fails(monkeypatch, device):
+    sample = test_tree_sampling.tree_speculative_sampling
+
+    def mirrored_coins(*args, **kwargs):  # args: 3 outputs, candidates, 3 tree links, coins, ...
+        args = list(args)
+        args[7] = 1 - args[7]
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(test_tree_sampling, "tree_speculative_sampling", mirrored_coins)
+    with pytest.raises(AssertionError):
+        for seed in range(6):
+            test_tree_sampling.test_matches_reference(device, seed)
