@@ -44,16 +44,10 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
     return p, index, s
 
 
-def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv, margins=None):
+def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv):
     """``(parent_list, top_scores_index, draft_tokens, all_scores)`` and ``positions`` advanced by ``S - 1`` in place;
     arguments as :meth:`FusedDrafter.draft` with kv = (k_cache, v_cache, req_to_token, req_pool_indices,
-    seq_lens).
-
-    ``margins`` (a list, optional) receives the relative gap at every choice the draft makes, as [bs] tensors
-    (the smallest over a request's rows): each forward's top-k over the vocabulary (``k``-th vs ``k+1``-th
-    probability), each step's frontier (``k``-th vs ``k+1``-th cumulative score) and the final prune
-    (``n-1``-th vs ``n``-th score). Where all are large, any drafter that computes the same scores to within
-    a smaller relative error must choose the same tree."""
+    seq_lens)."""
     bs = topk_p.shape[0]
     chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
                           device=hidden.device)
@@ -62,19 +56,12 @@ def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, posi
     scores, score_list, token_list, parents_list = None, [], [], []
     for step in range(num_steps):
         input_ids, hidden_rows, scores, cand_scores, cand_tokens, parents = select_step(step, p, index, scores, topk)
-        if margins is not None and 0 < step < num_steps - 1:  # the last step's frontier feeds no forward
-            margins.append(_gap(cand_scores, topk))
         score_list.append(cand_scores)
         token_list.append(cand_tokens)
         parents_list.append(parents)
         if step == num_steps - 1:
             break
-        row_margins = [] if margins is not None else None
         p, index, hidden = draft_step(w, input_ids, hidden[hidden_rows], positions + step, step, topk, kv,
-                                      chain_k, chain_v, row_margins)
-        if margins is not None:
-            margins.append(row_margins[0].view(bs, topk).min(dim=1).values)
+                                      chain_k, chain_v)
     positions += num_steps - 1
-    if margins is not None:
-        margins.append(_gap(torch.cat(score_list, dim=1), num_draft_tokens - 1))
     return (*organize(score_list, token_list, parents_list, num_draft_tokens), torch.cat(score_list, dim=1))
