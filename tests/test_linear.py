@@ -80,9 +80,12 @@ def test_llama8b_draft_shapes(M, N, K, flags):
 def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
     """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
     sweep's many-row shapes now run on cuBLAS)."""
+    from sgl_eagle_triton.kernels.device import DeviceInfo
     from sgl_eagle_triton.kernels.linear import _config, _num_stages
+
+    h200 = DeviceInfo(sms=132, shared_per_block=232_448, capability=(9, 0))
 
     block_m, block_n, block_k, _ = _config(M, N)
     stage_bytes = block_m * block_k * x_bytes + (1 + silu) * block_n * block_k * 2
     programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    assert _num_stages(programs, stage_bytes, torch.device("cpu")) == stages
+    assert _num_stages(programs, stage_bytes, h200) == stages

@@ -5,7 +5,6 @@ binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tes
 import functools
 import logging
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -80,12 +79,6 @@ def test_a_missing_name_refuses_to_start(monkeypatch):
     monkeypatch.delattr(eagle_utils, "_verify_coins")
     with pytest.raises(RuntimeError, match=r"eagle_utils\._verify_coins \(missing\)"):
         worker.check_call_sites()
-
-
-def test_pyproject_pins_the_tested_sglang():
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    pins = re.findall(r'"sglang==([\d.]+)"', text)
-    assert pins == list(config.TESTED_SGLANG_VERSIONS)
 
 
 # --- after the first step: the kernel that should have run did -----------------------------------------------------

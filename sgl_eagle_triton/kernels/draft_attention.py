@@ -17,13 +17,12 @@ Two kernels. Their grids depend only on (bs, topk, model dims), so the op is CUD
    ``chain[step, r]``. It then attends over chain entries ``0 .. step`` and merges in the ``SPLIT``
    prefix partials.
 
-``SPLIT`` is the power of two that gives kernel 1 about two waves over the SMs, capped at ``MAX_SPLIT``.
+``SPLIT`` is the power of two that gives kernel 1 about two waves over the SMs (:func:`num_splits`).
 Scores are kept in the log2 domain (``scale * log2(e)`` folded in, ``exp2``). Both kernels round the
 roped q and k to bf16 before the dot. The probabilities enter kernel 1's P.V product in bf16, as in
 flash attention; everything else is fp32.
 """
 
-import functools
 import math
 
 import torch
@@ -31,11 +30,8 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
-
-MAX_SPLIT = 32
-WAVES = 2
-INTERPRETER_SMS = 4  # stands in for the SM count when the Triton interpreter runs on the CPU
 
 
 @triton.jit
@@ -210,17 +206,11 @@ def _chain_merge_kernel(
     tl.store(out_ptr + row * out_stride + head[:, None] * D + d, out, mask=(g < GROUP)[:, None])
 
 
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def num_splits(bs: int, num_kv_heads: int, device: torch.device) -> int:
     """Prefix chunks per (request, kv head): the power of two that gives ``bs * Hkv * SPLIT`` at least
-    ``WAVES`` waves over the SMs, at most ``MAX_SPLIT``. Depends on no tensor value."""
-    return min(MAX_SPLIT, triton.next_power_of_2(triton.cdiv(WAVES * _sm_count(device), bs * num_kv_heads)))
+    ``ATTENTION_WAVES`` waves over the SMs, at most ``ATTENTION_MAX_SPLIT``. Depends on no tensor value."""
+    waves = ATTENTION_WAVES * device_info(device).sms
+    return min(ATTENTION_MAX_SPLIT, triton.next_power_of_2(triton.cdiv(waves, bs * num_kv_heads)))
 
 
 def draft_attention(

@@ -4,7 +4,8 @@ Row ``r`` of the step reads token ``input_ids[r]`` (target vocabulary) and the c
 ``hidden[hidden_rows[r]]`` (the frontier's parent row, picked by the previous selection). It writes
 ``x[r] = [rms(embed[t]) * w_in, rms(h) * w_hidden]`` (EAGLE-3 midlayer input) or ``[embed[t], h]`` (EAGLE-1
 ``fc`` input), and for EAGLE-3 the residual ``h`` (the layer's residual stream starts at the hidden state).
-One program per row; RMSNorm as SGLang computes it: fp32, ``x * rsqrt(mean(x^2) + eps) * w``, rounded to bf16.
+One program per row; RMSNorm as SGLang computes it: fp32 ``x * rstd * w`` rounded to bf16, with
+:func:`sgl_eagle_triton.kernels.rms_norm.rstd` (the kernels' one rounding rule).
 """
 
 import torch
@@ -13,17 +14,18 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import to_bf16
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
+from sgl_eagle_triton.kernels.rms_norm import rstd
 
 
 @triton.jit
 def _rms_inv(src, H: tl.constexpr, eps, BLOCK: tl.constexpr):
-    """``rsqrt(mean(src[:H]^2) + eps)`` of one row (fp32)."""
+    """``1 / sqrt(mean(src[:H]^2) + eps)`` of one row (fp32, :func:`rstd`)."""
     sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
     for h0 in range(0, H, BLOCK):
         cols = h0 + tl.arange(0, BLOCK)
         v = tl.load(src + cols, mask=cols < H, other=0.0).to(tl.float32)
         sum_sq += v * v
-    return tl.rsqrt(tl.sum(sum_sq, axis=0) / H + eps)
+    return rstd(tl.sum(sum_sq, axis=0), H, eps)
 
 
 @triton.jit

@@ -5,7 +5,8 @@ it is bound by reading the weight once. The grid splits the output columns finel
 streams its own slice of the weight; each program keeps its rows of ``x`` (a few KB) hot in L1/L2.
 
 Prologue (optional): RMSNorm of ``x`` with ``norm_weight``, computed in fp32 and rounded to bf16 per
-element as SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``).
+element as SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``;
+:func:`sgl_eagle_triton.kernels.rms_norm.rstd`, the kernels' one rounding rule).
 From ``CUBLAS_MIN_ROWS`` rows on (the draft at large batch x topk) the layer is no longer skinny: a kernel
 normalises ``x`` once, cuBLAS runs the GEMM and one kernel applies the epilogues (``_linear_cublas``).
 Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output):
@@ -15,16 +16,15 @@ Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output
 add-RMSNorm normalises).
 """
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
-from sgl_eagle_triton.kernels.rms_norm import rms_norm
+from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _linear_kernel(
                 ks = k0 + j * BLOCK_K + tl.arange(0, BLOCK_K)
                 xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
                 sum_sq += tl.sum(xv.to(tl.float32) * xv.to(tl.float32), axis=1)
-        rstd = tl.rsqrt(sum_sq / K + eps)
+        inv = rstd(sum_sq, K, eps)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if SILU_MUL:
@@ -83,7 +83,7 @@ def _linear_kernel(
         xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            xv = to_bf16(xv.to(tl.float32) * rstd[:, None] * nw[None, :])
+            xv = to_bf16(xv.to(tl.float32) * inv[:, None] * nw[None, :])
         elif xv.dtype != tl.bfloat16:
             xv = to_bf16(xv.to(tl.float32))  # a bf16 x goes to the MMA as loaded
         wv = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
@@ -140,27 +140,12 @@ def _config(M: int, N: int) -> tuple[int, int, int, int]:
     return block_m, block_n, 128, 4
 
 
-# From this many rows on cuBLAS runs the GEMM: bench/drafter.py's per-op rows (H100, 2026-11-26) had our Triton
-# GEMM at 0.83-1.09x cuBLAS up to 8 rows but 1.0-1.6x at 64 and 1.2-3.4x at 256 rows.
-CUBLAS_MIN_ROWS = 33
-
-
-@functools.cache
-def _device_limits(device: torch.device) -> tuple[int, int]:
-    """``(shared memory one block may use in bytes, SMs)``; the H100's (227 KB, 132) where there is no GPU."""
-    if device.type != "cuda":
-        return 232_448, 132
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 232_448), props.multi_processor_count
-
-
-def _num_stages(programs: int, stage_bytes: int, device: torch.device) -> int:
+def _num_stages(programs: int, stage_bytes: int, gpu: DeviceInfo) -> int:
     """Pipeline depth: as deep as shared memory allows (at most 4) while every program of the grid is resident
     at once (programs per SM = ``cdiv(programs, SMs)`` share an SM's shared memory), but at least 2. This rule
     gives the best depth of an H200 sweep at all six 8B draft shapes tried (results/*-linear-sweep.json)."""
-    shared, sms = _device_limits(device)
-    budget = shared - 8192
-    resident = budget // (triton.cdiv(programs, sms) * stage_bytes)
+    budget = gpu.shared_per_block - 8192
+    resident = budget // (triton.cdiv(programs, gpu.sms) * stage_bytes)
     return max(1, min(4, budget // stage_bytes, max(2, resident)))
 
 
@@ -193,7 +178,7 @@ def linear(
     # One pipeline stage holds an x tile and one (two with silu_mul) weight tiles.
     stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, x.device)
+    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, device_info(x.device))
     dummy = out
     _linear_kernel[grid](
         x,

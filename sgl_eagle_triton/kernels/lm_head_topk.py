@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
-from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
-from sgl_eagle_triton.kernels.rms_norm import rms_norm
+from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
 KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
@@ -94,12 +94,12 @@ def _lm_head_tile_kernel(
                     if k + j * BLOCK_K < H:
                         xk = tl.load(x_rows + k + j * BLOCK_K).to(tl.float32)
                         sum_sq += tl.sum(xk * xk, axis=1)
-            rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, H) + eps))
+            inv = rstd(sum_sq, H, eps)
         acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
         for k in range(0, H, BLOCK_K):
             z = tl.load(x_rows + k).to(tl.float32)
             if HAS_NORM:
-                z = (z * rstd[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
+                z = (z * inv[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
             acc = mma(to_bf16(z), tl.trans(tl.load(w_rows + k)), acc)
         acc = to_bf16(acc).to(tl.float32)
 

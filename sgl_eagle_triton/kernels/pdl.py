@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.device import device_info
+
 
 @triton.jit
 def wait_for_prior(USE_GDC: tl.constexpr):
@@ -28,7 +30,7 @@ def pdl_args(device: torch.device) -> dict:
     """Launch keywords of a chain kernel: ``USE_GDC`` (its :func:`wait_for_prior`) and ``launch_pdl`` always
     together, since a kernel launched early without the wait would race its predecessor's writes. PDL on CUDA
     devices of compute capability 9.0 and up (never under the CPU interpreter)."""
-    on = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    on = device_info(device).capability >= (9, 0)
     return {"USE_GDC": on, "launch_pdl": on}
 
 

@@ -1,6 +1,7 @@
-"""RMSNorm of a few hundred rows into bf16, once, before a cuBLAS GEMM (the drafter at large batch x topk).
+"""RMSNorm of a few hundred rows into bf16, once, before a cuBLAS GEMM (the drafter at large batch x topk), and
+:func:`rstd`, the one RMSNorm rule of every kernel that normalises (draft_input, linear, lm_head_topk, this one).
 
-``out = rnd_bf16((x * rstd) * w)`` with ``rstd = 1 / sqrt(mean(x**2) + eps)`` in fp32, the square root and the
+``out = rnd_bf16((x * rstd) * w)`` with ``rstd = 1 / sqrt(mean(x**2) + eps)`` in fp32, the mean, square root and
 division correctly rounded (``sgl_eagle_triton.reference.rms_norm``); SGLang's ``torch.rsqrt`` differs from it
 by at most an ulp or two. One program per row.
 """
@@ -13,6 +14,13 @@ from sgl_eagle_triton.kernels.bf16 import to_bf16
 
 
 @triton.jit
+def rstd(sum_sq, n, eps):
+    """``1 / sqrt(sum_sq / n + eps)`` in fp32, each operation correctly rounded (``sum_sq``: a row's sum of
+    squares, scalar or vector)."""
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, n) + eps))
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
@@ -20,12 +28,12 @@ def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOC
         ks = k0 + tl.arange(0, BLOCK)
         v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
         sum_sq += v * v
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(sum_sq, axis=0), K) + eps))
+    inv = rstd(tl.sum(sum_sq, axis=0), K, eps)
     for k0 in range(0, K, BLOCK):
         ks = k0 + tl.arange(0, BLOCK)
         v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * K + ks, to_bf16((v * rstd) * w), mask=ks < K)
+        tl.store(out_ptr + row * K + ks, to_bf16((v * inv) * w), mask=ks < K)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ Every kept set has the form ``{i : e_i >= tau}`` with ``e = exp(l - max(l))``, `
 thresholds are decided on these float32 ``e`` (their int32 bit patterns, ``key``, are monotone since
 ``e >= 0``; ``max(e) = 1``, so min-p is simply ``e_i >= min_p``). ``tau`` is found without sorting the
 vocabulary. Each row is split into ``SPLIT`` slices of whole ``BLOCK_V`` chunks (``tree_rows.row_slices``:
-32 slices of 4096 tokens at V = 128256 up to 8 rows, fewer as rows grow, one from 264 rows up), one
+on an H100 32 slices of 4096 tokens at V = 128256 up to 8 rows, fewer as rows grow, one from 264 rows up), one
 program each on grid ``(rows, SPLIT)``, and every pass is one launch that reads the slice's logits (never
 a scratch copy):
 
@@ -358,7 +358,7 @@ def prepare_target_probs(
     assert out.shape == logits.shape and out.dtype == torch.float32 and out.is_contiguous()
     if R == 0 or V == 0:
         return out
-    split, slice_len = row_slices(R, V, BLOCK_V)
+    split, slice_len = row_slices(R, V, BLOCK_V, logits.device)
     # Scratch regions (int32 words; floats stored in place): [R, 3, split] slice statistics, then two slots
     # of [R, 8] search state and two of [R, split, 2, G] partial counts and masses; pass p writes slots p % 2.
     state = [3 * R * split + slot * 8 * R for slot in (0, 1)]

@@ -1,20 +1,23 @@
 """Helpers shared by the kernels: device helpers of those that walk a draft tree held in registers
 (verify_greedy, tree_sampling), and how target_probs and tree_sampling split vocabulary rows over programs."""
 
+import torch
 import triton
 import triton.language as tl
 
-MAX_SPLIT = 32  # programs per vocabulary row at most
-TARGET_PROGRAMS = 264  # programs aimed at in all: two per SM of an H100 / H200 (132 SMs)
-MIN_SLICE = 3072  # tokens per program at least, on average: its fixed cost per pass is about one 2048-chunk's
+from sgl_eagle_triton.kernels.device import VOCAB_MAX_SPLIT, VOCAB_MIN_SLICE, VOCAB_PROGRAMS_PER_SM, device_info
+
+MAX_SPLIT = VOCAB_MAX_SPLIT  # programs per vocabulary row at most (the kernels' static bound)
 
 
-def row_slices(rows: int, vocab: int, block: int) -> tuple[int, int]:
+def row_slices(rows: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
     """``(split, slice_len)``: programs per row of ``vocab`` tokens, and tokens per program (whole ``block``
     chunks; the last slice may be shorter, none is empty), so that ``rows * split`` fills the GPU at small
-    batches. E.g. 32 slices of 4096 at V = 128256 up to 8 rows; one program per row from 264 rows up."""
+    batches (``VOCAB_PROGRAMS_PER_SM`` programs per SM). E.g. on an H100 (132 SMs) 32 slices of 4096 at
+    V = 128256 up to 8 rows; one program per row from 264 rows up."""
     chunks = triton.cdiv(vocab, block)
-    per_slice = triton.cdiv(chunks, max(1, min(MAX_SPLIT, triton.cdiv(TARGET_PROGRAMS, rows), vocab // MIN_SLICE)))
+    programs = VOCAB_PROGRAMS_PER_SM * device_info(device).sms
+    per_slice = triton.cdiv(chunks, max(1, min(MAX_SPLIT, triton.cdiv(programs, rows), vocab // VOCAB_MIN_SLICE)))
     return triton.cdiv(chunks, per_slice), per_slice * block
 
 

@@ -7,7 +7,7 @@ per visited node; only the target probability of each visited draft token is a (
 tokens rejected among the children of the last accepted node are kept in a ``BLOCK_N``-lane register vector
 instead of CUDA's dense ``draft_probs`` tensor. The correction ("bonus") token is then drawn from the target
 row of the last accepted node with those tokens zeroed, that row split over ``SPLIT`` programs
-(``tree_rows.row_slices``: 32 slices of 4096 tokens at V = 128256 up to 8 requests), in two launches:
+(``tree_rows.row_slices``: on an H100 32 slices of 4096 tokens at V = 128256 up to 8 requests), in two launches:
 
 1. ``_walk_kernel``, grid ``(bs, SPLIT)``: every program walks its request's tree (the same walk, at the
    same time: no launch in between), program 0 writes the outputs and, into the request's scratch record,
@@ -243,7 +243,7 @@ def tree_speculative_sampling(
     assert uniform_samples.dtype == torch.float32 and uniform_samples_for_final_sampling.dtype == torch.float32
     block_n = triton.next_power_of_2(max(n, 16))
     block_v = min(2048, triton.next_power_of_2(max(vocab_size, 16)))
-    split, slice_len = row_slices(bs, vocab_size, block_v)
+    split, slice_len = row_slices(bs, vocab_size, block_v, target_probs.device)
     record = 3 + block_n + 2 * split  # int32 words per request (module docstring)
     scratch = torch.empty(bs * record, dtype=torch.int32, device=target_probs.device)
     common = (scratch, scratch.view(torch.float32))
