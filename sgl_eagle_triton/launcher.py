@@ -202,10 +202,10 @@ def _group_alive(pgid: int) -> bool:
             return True
     for stat in proc.glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
-        except (OSError, IndexError):
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after "pid (comm)"
+        except (OSError, IndexError, ValueError):
             continue  # exited meanwhile
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if pgrp == str(pgid) and state != "Z":
             return True
     return False
 
