@@ -1,6 +1,6 @@
 """Fused-drafter benchmark at Llama-3.1-8B EAGLE-3 draft shapes (random weights, ~1k-token paged prefixes).
 
-    python bench/drafter.py [--out bench/results]        (on a GPU)
+    python -m bench.drafter [--out bench/results]        (on a GPU, from the repository root)
 
 Rows: the whole draft of one decode cycle (``FusedDrafter.draft``: S - 1 forwards + selections + prune)
 inside a CUDA graph, as SGLang's draft graph runner replays it, and per op of one step: our ``linear``
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 from pathlib import Path
 
@@ -25,18 +24,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from bench.kernels import copy_bandwidth
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.testing import random_batch, random_draft
-
-
-def _bench_kernels():
-    """bench/kernels.py, beside this script, by path (a package named ``kernels`` may be installed too)."""
-    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent / "kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -171,7 +163,7 @@ def main():
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     out_dir = Path(parser.parse_args().out)
     gpu = torch.cuda.get_device_name()
-    bandwidth = _bench_kernels().copy_bandwidth()
+    bandwidth = copy_bandwidth()
     w, _ = random_draft(True, "cuda", **DIMS)
     draft_rows = []
     for steps, topk, n in CONFIGS:

@@ -1,6 +1,6 @@
 """Micro-benchmarks: our Triton kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
 
-    python bench/kernels.py [--out bench/results]        (on a GPU, with SGLang 0.5.17 importable)
+    python -m bench.kernels [--out bench/results]        (on a GPU with SGLang 0.5.17, from the repository root)
 
 Each row times one implementation of one op, median of ``triton.testing.do_bench``: ``eager_us``
 as served (a Python call with its launches and allocations), ``graph_us`` inside a CUDA graph

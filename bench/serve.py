@@ -1,12 +1,13 @@
 """Decode-cycle speed of real SGLang servers: no speculation, stock EAGLE3 and EAGLE_TRITON.
 
-    python bench/serve.py --workdir /tmp/bench-models --out bench/results/serve.json \\
+    python -m bench.serve --workdir /tmp/bench-models --out bench/results/serve.json \\
         [--systems nospec eagle3 eagle_triton] [--configs 5,8,32 3,1,4] [--batches 1 8 32]
-    python bench/serve.py --report bench/results/serve.json      # table + plot from collected rows
+    python -m bench.serve --report bench/results/serve.json      # table + plot from collected rows
 
-On a GPU host: Llama-3.1-8B target shapes served with ``--load-format dummy``, and an EAGLE-3 draft
-checkpoint of the real shape with random weights written here first (dummy init would leave its d2t
-map meaningless), all systems with the same attention backend. Each server runs alone; rows are
+On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
+and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
+leave its d2t map meaningless), all systems with the same attention backend, each server started by
+:class:`sgl_eagle_triton.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone; rows are
 merged into ``--out`` so a long sweep can span several calls.
 
 Measurement (black box, no host sync inside SGLang): ``batch`` concurrent streamed ``/generate``
@@ -19,7 +20,7 @@ is ~1, which changes token ids but not cost.
 
 Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed batch, the same load runs
 again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
-``<workdir>/traces/<server>-b<batch>/`` and ``bench/trace_breakdown.py`` turns it into per-cycle costs of
+``<workdir>/traces/<server>-b<batch>/`` and :mod:`bench.trace_breakdown` turns it into per-cycle costs of
 SGLang's stages (``draft``, ``draft_extend``, ``verify_forward``, ``decode``: GPU busy time of their kernels,
 GPU span, CPU time). ``draft_ms`` is the draft stage's GPU busy time per cycle; the profiler slows the host,
 so ``cycle_ms`` always comes from the unprofiled run.
@@ -32,14 +33,14 @@ import datetime
 import json
 import random
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.trace_breakdown import load_trace, stage_times
+from sgl_eagle_triton.launcher import Client, Server
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MAX_NEW_TOKENS, PROMPT_TOKENS = 256, 128
 SYSTEMS = {"nospec": None, "eagle3": "EAGLE3", "eagle_triton": "EAGLE_TRITON"}
@@ -105,20 +106,12 @@ def spec_args(system: str, draft: Path, config: tuple[int, int, int]) -> list[st
 
 
 def timed_request(url: str, prompt: list[int]) -> dict:
-    """One streamed /generate: arrival time of every chunk, meta_info of the last chunk."""
-    import requests
-
-    body = {"input_ids": prompt, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}}
+    """One streamed greedy /generate of ``MAX_NEW_TOKENS`` tokens (EOS ignored): arrival time of every chunk,
+    meta_info of the last chunk."""
     times, meta = [], {}
-    with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines(chunk_size=None, decode_unicode=True):  # each HTTP chunk as it arrives
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            times.append(time.perf_counter())
-            meta = chunk.get("meta_info", meta)
+    for chunk in Client(url).generate_stream(prompt, MAX_NEW_TOKENS, timeout=600):  # each chunk as it arrives
+        times.append(time.perf_counter())
+        meta = chunk.get("meta_info", meta)
     return {"times": times, "meta": meta}
 
 
@@ -161,18 +154,15 @@ def measure(url: str, batch: int, seed: int = 0) -> dict:
 
 
 def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
-    """Per-cycle stage costs (:func:`trace_breakdown.stage_times`) over ``steps`` profiled forward passes
+    """Per-cycle stage costs (:func:`bench.trace_breakdown.stage_times`) over ``steps`` profiled forward passes
     while ``batch`` fresh requests decode."""
-    import requests
-    from trace_breakdown import load_trace, stage_times
-
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = random_prompts(batch, seed=1)
     with ThreadPoolExecutor(batch) as pool:
         running = [pool.submit(timed_request, url, p) for p in prompts]
         time.sleep(1.0)  # past the prefills: profile decode cycles only
-        requests.post(url + "/start_profile", json={"output_dir": str(out_dir), "num_steps": steps,
-                                                    "activities": ["CPU", "GPU"]}, timeout=60).raise_for_status()
+        Client(url).post("/start_profile", {"output_dir": str(out_dir), "num_steps": steps,
+                                            "activities": ["CPU", "GPU"]}, timeout=60)
         for r in running:
             r.result()
     deadline = time.time() + 180
@@ -309,15 +299,14 @@ def main(argv=None):
         return
     import sglang
     import torch
-    from server import Server
 
     target, draft = write_models(args.workdir)
     gpu, rows = torch.cuda.get_device_name(), []
     for system in args.systems:
         for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
             name = f"{system}-{'-'.join(map(str, config))}"
-            server = Server(name, str(target), spec_args(system, draft, config), args.workdir,
-                            base_args=server_args(args.batches))
+            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config)],
+                            args.workdir)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:

@@ -3,7 +3,7 @@ stages, warps) per shape. H200 results: results/2026-11-26-NVIDIA_H200-linear-sw
 ``linear._num_stages`` reproduces, and whose many-row tiles (64 and 256 rows) stayed behind cuBLAS, which
 serves those shapes since (``CUBLAS_MIN_ROWS``).
 
-    python bench/sweep_linear.py OUT.json        (on a GPU)
+    python -m bench.sweep_linear OUT.json        (on a GPU, from the repository root)
 """
 
 import itertools

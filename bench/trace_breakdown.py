@@ -19,7 +19,7 @@ and ``cycle``: from one start of the ``draft`` range (``decode`` without specula
 host's period (``cpu_ms``, slower than unprofiled) and the GPU busy time of every kernel launched in it
 (``gpu_busy_ms``): busy time outside the stages is verify's sampling / accept kernels and bookkeeping.
 
-    python bench/trace_breakdown.py TRACE.json[.gz]
+    python -m bench.trace_breakdown TRACE.json[.gz]
 """
 
 from __future__ import annotations

@@ -8,28 +8,21 @@ acceptance statistics SGLang reports (per request: chat ``meta_info``; server-wi
 and ``/metrics``) and the kernel lines of the server log. Then it stops the whole process group and
 removes the temporary folder unless ``--keep``.
 
-A leaf entry point: it talks to the server over HTTP only (standard library), and imports torch
-only to write the tiny models.
+A leaf entry point: it starts the server and talks to it over HTTP through
+:mod:`sgl_eagle_triton.launcher` (standard library only), and imports torch only to write the tiny models.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from sgl_eagle_triton import ALGORITHM_NAME
+from sgl_eagle_triton.launcher import Server, ServerError
 
 # The flags the air-gapped GPU bundle needs (no FA3 / FlashInfer / xgrammar); valid on any install.
 SERVER_FLAGS = (
@@ -65,55 +58,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--max-tokens must be at least 1")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_command(target: str, draft: str, port: int, tiny: bool) -> list[str]:
-    """``python -m sglang.launch_server`` serving ``target`` with EAGLE_TRITON and ``draft``."""
-    return [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", target,
-        "--speculative-algorithm", ALGORITHM_NAME, "--speculative-draft-model-path", draft,
-        "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS, *(TINY_MODEL_FLAGS if tiny else ()),
-    ]
-
-
-def http(url: str, body: dict | None = None, timeout: float = 300) -> str:
-    """GET (or POST ``body`` as JSON) and return the response text; raises on an HTTP error status."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read().decode()
-    except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> float:
-    """Seconds until ``url/health`` answers 200; raises if the server exits or ``timeout`` passes."""
-    start = time.time()
-    while time.time() - start < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} during start-up")
-        try:
-            http(url + "/health", timeout=5)
-            return time.time() - start
-        except (OSError, RuntimeError):
-            time.sleep(1)
-    raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's whole process group, SIGKILL after 30 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def server_args(draft: str, tiny: bool) -> list[str]:
+    """The ``sglang.launch_server`` flags after ``--model-path``, ``--host`` and ``--port`` (which
+    :class:`~sgl_eagle_triton.launcher.Server` adds): EAGLE_TRITON with ``draft``, and the bundle's flags."""
+    return ["--speculative-algorithm", ALGORITHM_NAME, "--speculative-draft-model-path", draft,
+            *SERVER_FLAGS, *(TINY_MODEL_FLAGS if tiny else ())]
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -173,38 +122,33 @@ def serve_and_ask(args: argparse.Namespace, workdir: Path) -> None:
         target, draft = map(str, write_random_pair(workdir, draft="eagle3"))
     else:
         target, draft = args.model_path, args.draft_model_path
-    port = args.port or free_port()
-    url, log_path = f"http://127.0.0.1:{port}", workdir / "server.log"
-    cmd = server_command(target, draft, port, tiny)
-    print(f"Starting python {' '.join(cmd[1:])}\n  server log: {log_path}\n"
+    server = Server("server", target, server_args(draft, tiny), workdir, port=args.port or None)
+    print(f"Starting python {' '.join(server.command[1:])}\n  server log: {server.log_path}\n"
           "  (a first start compiles kernels and captures CUDA graphs: a minute or more)")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         try:
-            print(f"Server ready at {url} after {wait_healthy(proc, url, args.timeout):.0f} s")
-        except RuntimeError:
-            print("Server log tail:\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]))
-            raise
+            print(f"Server ready at {server.url} after {server.wait_ready(args.timeout):.0f} s")
+        except ServerError as e:
+            print("Server log tail:\n" + server.log_tail(40))
+            raise RuntimeError(f"the server {e.reason}") from None
         for label, endpoint, body in REQUESTS:
             body = {"model": "default", "max_tokens": args.max_tokens, **body}
             if endpoint.endswith("chat/completions"):
                 body["return_meta_info"] = True
-            response = json.loads(http(url + endpoint, body))
+            response = server.post_json(endpoint, body)
             question = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
             print(f"\n== {label} ({endpoint}) ==\nQ: {question.strip()}\nA: {answer_text(response).strip()}")
             print(f"   {request_stats(response)}")
         print("\n== Acceptance, whole server ==")
-        info, metrics = json.loads(http(url + "/server_info")), parse_metrics(http(url + "/metrics"))
+        info, metrics = server.get_json("/server_info"), parse_metrics(server.get("/metrics"))
         print("\n".join(f"  {line}" for line in server_acceptance(info, metrics)))
         if tiny:
             print("  (random weights: the draft is almost never right, so about 1 token per step is expected;\n"
                   "   a trained pair, e.g. tests/assets/tiny-code-v1/{target,eagle3}, accepts about 2)")
         print("\n== Kernels (from the server log) ==")
-        print("\n".join(f"  {line}" for line in kernel_lines(log_path.read_text(errors="replace"))) or "  none found")
+        print("\n".join(f"  {line}" for line in kernel_lines(server.log())) or "  none found")
     finally:
-        stop(proc)
+        server.stop()  # the whole process group
         print("\nServer stopped.")
 
 

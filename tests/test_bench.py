@@ -1,11 +1,6 @@
 """The benchmark harness's pure-Python part (report formatting) runs in CPU CI so it cannot rot."""
 
-import importlib.util
-from pathlib import Path
-
-spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent.parent / "bench" / "kernels.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from bench import drafter, kernels
 
 
 def test_markdown_table_has_one_line_per_case():
@@ -14,17 +9,13 @@ def test_markdown_table_has_one_line_per_case():
         for bs in (1, 8):
             rows.append(dict(op="build_tree", impl=impl, steps=5, topk=4, draft_tokens=16, batch=bs, eager_us=eager,
                              graph_us=eager / 2, graph_over_floor=100.0, sglang_version="0.5.17"))
-    table = bench.markdown(rows, "GPU X", 3e12, 4.0)
+    table = kernels.markdown(rows, "GPU X", 3e12, 4.0)
     assert "# Tree kernels on GPU X, SGLang 0.5.17" in table
     lines = [line for line in table.splitlines() if line.startswith("| build_tree")]
     assert len(lines) == 2 and all("| 0.50 |" in line for line in lines)
 
 
 def test_drafter_markdown():
-    path = Path(__file__).parent.parent / "bench" / "drafter.py"
-    spec = importlib.util.spec_from_file_location("bench_drafter", path)
-    drafter = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(drafter)
     draft_rows = [dict(steps=5, topk=8, draft_tokens=32, batch=1, graph_us=1500.0, floor_us=1000.0, over_floor=1.5)]
     op_rows = [dict(op="qkv", impl=impl, rows=8, graph_us=t, floor_us=30.0, over_floor=t / 30.0)
                for impl, t in (("triton (ours)", 36.0), ("cuBLAS + torch", 40.0))]
@@ -34,4 +25,4 @@ def test_drafter_markdown():
                  dict(kernel="_linear_kernel", us=10.0)]}
     assert "batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
         drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
-    assert callable(drafter._bench_kernels().copy_bandwidth)
+    assert drafter.copy_bandwidth is kernels.copy_bandwidth

@@ -1,14 +1,11 @@
 """bench/serve.py's pure-Python parts (arguments, row merging, report) run in CPU CI so they cannot rot."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).parent.parent / "bench" / "serve.py")
-serve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(serve)
+from bench import serve
 
 
 def row(system, batch, cycle, config=(5, 8, 32), draft_ms=None):

@@ -1,7 +1,7 @@
 """``python -m sgl_eagle_triton demo`` on the CPU: its arguments, its output from SGLang-shaped
-responses, and its whole run (models written, server started, asked, stopped, folder removed)
-against tests/stub_sglang_server.py standing in for SGLang. The real server run is GPU-only
-(tests/test_e2e_server.py checks the log lines and metrics the demo reads)."""
+responses, and its whole run (models written, server started through sgl_eagle_triton.launcher,
+asked, stopped, folder removed) against tests/stub_sglang_server.py standing in for SGLang. The real
+server run is GPU-only (tests/test_e2e_server.py checks the log lines and metrics the demo reads)."""
 
 import re
 import shutil
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sgl_eagle_triton import demo
+from sgl_eagle_triton import demo, launcher
 from sgl_eagle_triton.__main__ import main
 
 STUB = Path(__file__).parent / "stub_sglang_server.py"
@@ -35,13 +35,14 @@ def test_package_import_stays_light():
 
 
 def test_server_command():
-    cmd = demo.server_command("T", "D", 1234, tiny=True)
+    cmd = launcher.launch_command("T", demo.server_args("D", tiny=True), 1234, nccl_port=1235)
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
     joined = " ".join(cmd)
     for part in ("--model-path T", "--speculative-algorithm EAGLE_TRITON", "--speculative-draft-model-path D",
-                 "--port 1234", "--attention-backend triton", "--enable-metrics", "--max-total-tokens 65536"):
+                 "--port 1234", "--nccl-port 1235", "--attention-backend triton", "--enable-metrics",
+                 "--max-total-tokens 65536"):
         assert part in joined
-    assert "--max-total-tokens" not in demo.server_command("T", "D", 1234, tiny=False)
+    assert "--max-total-tokens" not in demo.server_args("D", tiny=False)
 
 
 def test_server_command_is_accepted_by_sglang_and_the_plugin(tmp_path, eagle_triton_args):
@@ -49,8 +50,10 @@ def test_server_command_is_accepted_by_sglang_and_the_plugin(tmp_path, eagle_tri
     from sgl_eagle_triton.tiny_models import write_random_pair
 
     target, draft = write_random_pair(tmp_path)
-    args = eagle_triton_args(demo.server_command(str(target), str(draft), 1234, tiny=True)[3:])
-    assert (args.speculative_algorithm, args.port, args.enable_metrics) == ("EAGLE_TRITON", 1234, True)
+    cmd = launcher.launch_command(str(target), demo.server_args(str(draft), tiny=True), 1234, nccl_port=1235)
+    args = eagle_triton_args(cmd[3:])
+    assert (args.speculative_algorithm, args.port, args.nccl_port, args.enable_metrics) == (
+        "EAGLE_TRITON", 1234, 1235, True)
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (5, 4, 8)
     assert config.current_draft_kind() == config.EAGLE3
 
@@ -112,10 +115,13 @@ def _dead(pid: int, timeout_s: float = 10) -> bool:
 
 @pytest.fixture
 def stub(monkeypatch):
-    """Point the demo at the stub server; ``stub.append("--fail")`` makes it fail at start-up."""
+    """Point the demo's launcher at the stub server; ``stub.append("--fail")`` makes it fail at start-up."""
     extra = []
-    monkeypatch.setattr(demo, "server_command", lambda target, draft, port, tiny: [sys.executable, str(STUB), str(port),
-                                                                                   *extra])
+
+    def stub_server(*args, **kwargs):
+        return launcher.Server(*args, **kwargs, program=[sys.executable, str(STUB), *extra])
+
+    monkeypatch.setattr(demo, "Server", stub_server)
     return extra
 
 
@@ -134,7 +140,8 @@ def test_demo_runs_and_cleans_up(stub, capsys):
     assert "  EAGLE_TRITON (eagle3 draft" in out and "  EAGLE_TRITON: triton build_tree ran" in out
     assert "Server stopped." in out
     log = (workdir / "server.log").read_text()
-    assert "sglang.launch_server" not in log  # the stub ran, with the demo's stdout/stderr redirection
+    assert log.splitlines()[0].startswith(f"{sys.executable} {STUB} --model-path {workdir / 'target'} ")
+    assert "sglang.launch_server" not in log  # the stub ran, with the launcher's stdout/stderr redirection
     pids = re.search(r"^stub pid (\d+) child (\d+)$", log, re.M)
     assert _dead(int(pids[1])) and _dead(int(pids[2])), "the server's process group outlived the demo"
 

@@ -23,11 +23,11 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
+from sgl_eagle_triton.launcher import Server
+from tests.e2e_flags import e2e_server
 from tests.lossless import tie_aware_compare, top2_logprobs
-from tests.server import Server
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -81,13 +81,13 @@ def _verdicts(spec: dict, nospec: dict) -> dict:
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
 def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
-    servers = {"nospec": Server(f"{pair}-nospec", target, [], tmp_path)}
+    servers = {"nospec": e2e_server(f"{pair}-nospec", target, [], tmp_path)}
     for steps, topk, n in CONFIGS:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
-            servers[(algo, n)] = Server(name, target, ["--speculative-algorithm", algo, *spec], tmp_path)
+            servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec], tmp_path)
     try:
         for s in servers.values():
             s.wait_ready()
@@ -131,7 +131,7 @@ def test_sampled_requests_are_served_and_reproducible(tmp_path):
     """Sampled traffic on EAGLE_TRITON: no errors, seeded outputs identical across two runs, and
     greedy requests riding in the same (sampled) batches still produce their greedy tokens."""
     target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
-    server = Server("tiny-code-EAGLE_TRITON-sampling", target, [
+    server = e2e_server("tiny-code-EAGLE_TRITON-sampling", target, [
         "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
         "--max-running-requests", "64",
@@ -166,7 +166,7 @@ def test_observability_metrics_and_meta_info(tmp_path):
     return_meta_info). Server-wide: /metrics sglang:spec_accept_length, sglang:spec_accept_rate and
     sglang:spec_verify_calls_total; /server_info avg_spec_accept_length; /v1/loads speculative."""
     target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
-    server = Server("tiny-code-EAGLE_TRITON-metrics", target, [
+    server = e2e_server("tiny-code-EAGLE_TRITON-metrics", target, [
         "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft, "--enable-metrics",
     ], tmp_path)
     try:
@@ -175,13 +175,13 @@ def test_observability_metrics_and_meta_info(tmp_path):
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             for _ in range(2):  # > 40 decode steps: SGLang refreshes its spec gauges every --decode-log-interval
                 metas += [g["meta_info"] for g in pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS)]
-        chat = requests.post(server.url + "/v1/chat/completions", timeout=300, json={
+        chat = server.post_json("/v1/chat/completions", {
             "model": "default", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": CHAT_TOKENS,
             "temperature": 0, "return_meta_info": True,
-        }).json()
-        metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=30).text)
-        info = requests.get(server.url + "/server_info", timeout=30).json()
-        loads = requests.get(server.url + "/v1/loads", timeout=30).json()
+        })
+        metrics = parse_metrics(server.get("/metrics"))
+        info = server.get_json("/server_info")
+        loads = server.get_json("/v1/loads")
         log = server.log()
     finally:
         server.stop()
@@ -202,17 +202,16 @@ def test_observability_metrics_and_meta_info(tmp_path):
 
 
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
-def test_fused_drafter_matches_sglang_draft(pair, tmp_path, monkeypatch):
+def test_fused_drafter_matches_sglang_draft(pair, tmp_path):
     """Draft check mode: on every draft of a served workload, our tree against SGLang's own draft forward
     of the same batch state (same weights, KV pool, spec_info)."""
     target, draft, _ = _pair(pair, tmp_path)
     check_file = tmp_path / "draft-check.jsonl"
-    monkeypatch.setenv("SGL_EAGLE_TRITON_DRAFT_CHECK", str(check_file))
-    server = Server(f"{pair}-draft-check", target, [
+    server = e2e_server(f"{pair}-draft-check", target, [
         "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
         "--disable-cuda-graph",
-    ], tmp_path)
+    ], tmp_path, env={"SGL_EAGLE_TRITON_DRAFT_CHECK": str(check_file)})
     try:
         server.wait_ready()
         with ThreadPoolExecutor(len(PROMPTS)) as pool:

@@ -21,10 +21,11 @@ from pathlib import Path
 import aiohttp
 import psutil
 import pytest
-import requests
 import torch
 
 from sgl_eagle_triton.demo import parse_metrics
+from sgl_eagle_triton.launcher import Server
+from tests.e2e_flags import e2e_server
 from tests.load_mix import (
     CONTEXT_LEN,
     SPEC_TREE,
@@ -38,7 +39,6 @@ from tests.load_mix import (
     reference_key,
     summarize,
 )
-from tests.server import Server
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [
@@ -122,18 +122,14 @@ async def _reference(url: str, bodies: list[dict]) -> list[dict]:
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
-def _get(server: Server, path: str) -> requests.Response:
-    return requests.get(server.url + path, timeout=30)
-
-
 def _idle_state(server: Server, timeout_s: float = 90) -> dict:
     """Wait until nothing runs and no KV token is in use (or ``timeout_s``); return the last readings."""
     deadline = time.time() + timeout_s
     while True:
-        loads = _get(server, "/v1/loads?include=core,spec").json()["loads"][0]
+        loads = server.get_json("/v1/loads?include=core,spec")["loads"][0]
         state = {"running": loads["num_running_reqs"], "waiting": loads["num_waiting_reqs"],
                  "num_used_tokens": loads["num_used_tokens"],
-                 "metrics_num_used_tokens": parse_metrics(_get(server, "/metrics").text).get("sglang:num_used_tokens"),
+                 "metrics_num_used_tokens": parse_metrics(server.get("/metrics")).get("sglang:num_used_tokens"),
                  "accept_length": (loads.get("speculative") or {}).get("accept_length")}
         idle = state["running"] == state["waiting"] == state["num_used_tokens"] == state["metrics_num_used_tokens"] == 0
         if idle or time.time() > deadline:
@@ -151,12 +147,12 @@ def test_load_and_faults(tmp_path):
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
-    spec = Server(f"load-{algorithm}", target, [
+    spec = e2e_server(f"load-{algorithm}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
         "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
         "--speculative-num-draft-tokens", str(n), "--enable-metrics", *LOAD_ARGS,
     ], tmp_path)
-    nospec = Server("load-nospec", target, LOAD_ARGS, tmp_path)
+    nospec = e2e_server("load-nospec", target, LOAD_ARGS, tmp_path)
     mix = build_mix(N_REQUESTS)
     report = {"requests": N_REQUESTS, "concurrency": CONCURRENCY, "tolerance_mib": TOLERANCE_MIB, "runs": []}
     try:
@@ -173,7 +169,7 @@ def test_load_and_faults(tmp_path):
             summary = summarize(mix, outcomes)
             summary.update(wall_s=round(wall, 1), greedy_vs_nospec=greedy_verdicts(mix, outcomes, reference),
                            idle=_idle_state(spec), memory_mib=_memory_mib(spec),
-                           healthy=_get(spec, "/health_generate").status_code == 200 and spec.proc.poll() is None)
+                           healthy=spec.healthy("/health_generate", timeout=30) and spec.proc.poll() is None)
             report["runs"].append(summary)
         log = spec.log()
     finally:

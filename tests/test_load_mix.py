@@ -2,10 +2,10 @@
 
 from collections import Counter
 
-import load_mix
 import pytest
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+from tests import load_mix
 from tests.load_mix import (
     CONTEXT_LEN,
     INVALID_PARAMS,

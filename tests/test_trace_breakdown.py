@@ -1,16 +1,11 @@
 """bench/trace_breakdown.py on a synthetic Chrome trace shaped like torch profiler's."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "trace_breakdown", Path(__file__).parent.parent / "bench" / "trace_breakdown.py")
-breakdown = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(breakdown)
+from bench import trace_breakdown as breakdown
 
 
 def event(cat, name, ts, dur, **args):
