@@ -4,7 +4,7 @@ Used by ``python -m sgl_eagle_triton demo`` and by the tests. The target is a 4-
 (hidden 256, vocab 2048); the draft is SGLang's ``LlamaForCausalLMEagle3`` (EAGLE-3: one layer fed
 the target's hidden states at layers 0-2, its own 512-token vocabulary mapped to target ids by
 ``d2t``) or ``LlamaForCausalLMEagle`` (EAGLE-1/2). These shapes run on the air-gapped GPU bundle
-(``../shared/tools/README.md``). With random weights the draft is almost never right, so the
+(``docs/gpu.md``). With random weights the draft is almost never right, so the
 acceptance length is about 1.0.
 
 The target gets a byte-level BPE tokenizer covering all 2048 ids (6 special tokens, 256 bytes,

@@ -1,4 +1,4 @@
-"""Tie-aware greedy equality (see ../shared/docs/losslessness-testing.md).
+"""Tie-aware greedy equality (see docs/losslessness.md).
 
 Speculative and plain decoding round bf16 differently (the verify pass computes positions with
 another kernel shape), so at a near-tie of the target's top-2 logits either token is the target's
