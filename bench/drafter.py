@@ -26,7 +26,8 @@ import triton
 
 from bench.kernels import copy_bandwidth
 from sgl_eagle_triton.drafter import FusedDrafter
-from sgl_eagle_triton.kernels.linear import CUBLAS_MIN_ROWS, linear
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.kernels.linear import linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 from sgl_eagle_triton.testing import random_batch, random_draft
 
