@@ -41,6 +41,14 @@ PROMPTS = [
 ]
 MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
 CONFIGS = [(5, 1, 6), (5, 4, 16)]
+# Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
+# of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
+# Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run.
+TRAINED_ACCEPT_LENGTH = {(5, 1, 6): 1.975, (5, 4, 16): 2.244}
+ACCEPT_MARGIN = 0.03
+# Measured in the draft check (H100, 2026-11-26): share of request drafts whose tree equals SGLang's own.
+SAME_TREE_RATE = {"tiny-code-eagle3": 0.784, "random-eagle1": 0.670}
+SAME_TREE_MARGIN = 0.04
 
 
 def _pair(name: str, tmp_path):
@@ -94,6 +102,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         with ThreadPoolExecutor(len(servers)) as pool:
             answers = pool.map(lambda k: _serve_all(servers[k], k == "nospec"), servers)
             results = dict(zip(servers, answers, strict=True))
+        ours_info = {n: servers[("EAGLE_TRITON", n)].get_json("/server_info")["internal_states"][0]
+                     for _, _, n in CONFIGS}
     finally:
         for s in servers.values():
             s.stop()
@@ -113,7 +123,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}.json"), "w") as f:
             json.dump(report, f, indent=1)
 
-    for (_steps, _topk, n), (key, entry) in zip(CONFIGS, report["configs"].items(), strict=True):
+    for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items(), strict=True):
         ours_log = servers[("EAGLE_TRITON", n)].log()
         assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
         assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key
@@ -124,7 +134,10 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"], rel=0.02), key
         assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
         if pair == "tiny-code-eagle3":  # the trained pair really accepts several tokens per cycle
-            assert entry["accept_length"]["eagle_triton"] > 1.3, key
+            floor = TRAINED_ACCEPT_LENGTH[steps, topk, n] * (1 - ACCEPT_MARGIN)
+            assert min(entry["accept_length"].values()) >= floor, (key, entry["accept_length"], floor)
+        report_state = ours_info[n]["eagle_triton"]
+        assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
 
 
 def test_sampled_requests_are_served_and_reproducible(tmp_path):
@@ -192,10 +205,25 @@ def test_observability_metrics_and_meta_info(tmp_path):
         assert 0 <= meta["spec_accept_rate"] <= 1, meta
     assert chat["choices"][0]["meta_info"]["spec_verify_ct"] > 0, chat
     assert metrics["sglang:spec_verify_calls_total"] >= sum(m["spec_verify_ct"] for m in metas), metrics
-    assert metrics["sglang:spec_accept_length"] > 1.3, metrics
+    # The server-wide figures describe the same decode steps as the per-request ones: /server_info's since start
+    # (plus the warm-up and the chat request) within 5 % of their token-weighted mean, the gauges of the last
+    # log interval (/metrics, /v1/loads: the batch's tail end) within 15 %.
+    served = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    figures = {"served": served, "/metrics": metrics["sglang:spec_accept_length"],
+               "/server_info": info["internal_states"][0]["avg_spec_accept_length"],
+               "/v1/loads": loads["loads"][0]["speculative"]["accept_length"]}
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "observability.json"), "w") as f:
+            json.dump(figures, f, indent=1)
+    assert served > 1.5, figures  # the trained pair accepts (about 2 at this default tree)
+    assert figures["/server_info"] == pytest.approx(served, rel=0.05), figures
+    assert figures["/metrics"] == pytest.approx(served, rel=0.15), figures
+    assert figures["/v1/loads"] == pytest.approx(served, rel=0.15), figures
     assert 0 < metrics["sglang:spec_accept_rate"] <= 1, metrics
-    assert info["internal_states"][0]["avg_spec_accept_length"] > 1.3, info["internal_states"]
-    assert loads["loads"][0]["speculative"]["accept_length"] > 1.3, loads
+    report_state = info["internal_states"][0]["eagle_triton"]
+    assert report_state["errors"] == [] and report_state["sglang_version"] == "0.5.17", report_state
+    assert all(report_state["ran"].get(k, 0) > 0 for k in ("triton fused drafter", "triton build_tree",
+                                                          "triton verify_tree_greedy")), report_state
     lines = kernel_lines(log)
     assert any("build tree: triton" in line for line in lines), lines
     assert any("verify_tree_greedy ran" in line for line in lines), lines
@@ -238,7 +266,6 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path):
             json.dump(report, f, indent=1)
         shutil.copy(check_file, os.path.join(os.environ["E2E_REPORT_DIR"], f"draft-check-{pair}.jsonl"))
     assert lines and requests_ >= len(PROMPTS)
-    # Measured on an H100 (2026-11-26): 78 % (trained pair) / 67 % (random EAGLE-1) of trees equal SGLang's;
-    # every differing one follows two candidate scores within 0.5 % of each other (a bf16 near-tie).
-    assert report["same_tree_rate"] >= 0.6, report
+    # Every differing tree follows two of SGLang's candidate scores within 0.5 % of each other (a bf16 near-tie).
+    assert report["same_tree_rate"] >= SAME_TREE_RATE[pair] - SAME_TREE_MARGIN, report
     assert report["differing_trees_max_min_rel_gap"] is None or report["differing_trees_max_min_rel_gap"] < 1e-2
