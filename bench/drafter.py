@@ -15,16 +15,14 @@ bandwidth (read + write bytes of a large copy). Writes ``<date>-<gpu>-drafter.js
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from bench.kernels import copy_bandwidth
+from bench.kernels import gpu_run_setup
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.linear import linear
@@ -160,11 +158,7 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    out_dir = Path(parser.parse_args().out)
-    gpu = torch.cuda.get_device_name()
-    bandwidth = copy_bandwidth()
+    out_dir, gpu, bandwidth = gpu_run_setup(__doc__)
     w, _ = random_draft(True, "cuda", **DIMS)
     draft_rows = []
     for steps, topk, n in CONFIGS:

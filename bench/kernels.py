@@ -180,14 +180,18 @@ OPS = [
 ]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def gpu_run_setup(doc: str) -> tuple[Path, str, float]:
+    """What every GPU benchmark starts with: ``(--out folder, default bench/results; the GPU's name; its
+    measured copy bandwidth in bytes/s)``, its CLI described by the module docstring ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    out_dir = Path(parser.parse_args().out)
+    return Path(parser.parse_args().out), torch.cuda.get_device_name(), copy_bandwidth()
+
+
+def main():
     import sglang
 
-    gpu = torch.cuda.get_device_name()
-    bandwidth = copy_bandwidth()
+    out_dir, gpu, bandwidth = gpu_run_setup(__doc__)
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3

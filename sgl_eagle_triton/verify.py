@@ -70,18 +70,12 @@ def verify_tree_greedy_func(
     target_predict,
     topk: int = -1,
 ):
-    """``eagle_utils.verify_tree_greedy_func``'s signature and return value, on our kernel."""
-    _verify_tree_greedy(
-        predicts,
-        accept_index,
-        accept_token_num,
-        candidates,
-        retrieve_index,
-        retrieve_next_token,
-        retrieve_next_sibling,
-        target_predict,
-    )
-    return predicts, accept_index, accept_token_num
+    """``eagle_utils.verify_tree_greedy_func``'s signature (SGLang calls it with keywords) and return value, on our
+    kernel."""
+    outputs = predicts, accept_index, accept_token_num
+    tree = candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling
+    _verify_tree_greedy(*outputs, *tree, target_predict)
+    return outputs
 
 
 def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):

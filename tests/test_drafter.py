@@ -21,7 +21,6 @@ import torch
 from sgl_eagle_triton import drafter as drafter_module
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.reference import drafter as ref
-from sgl_eagle_triton.reference.draft_select import organize, select_step
 from sgl_eagle_triton.testing import random_batch, random_draft
 
 # Measured kernel vs twin on the CPU (Triton interpreter), teacher-forced, this file's cases x 3 seeds: the largest
@@ -60,43 +59,40 @@ def recorded_draft(monkeypatch, w, batch, topk, steps, n):
 
 def check_draft(outputs, positions, forwards, w, batch, topk, steps, n):
     """The two checks of the module docstring; returns the forwards' ``(rows with a near-tie, rows)``."""
-    bs = batch["topk_p"].shape[0]
     assert len(forwards) == steps - 1 and all(len(f) == 3 for f in forwards)
     kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
-    chain_k = torch.empty(max(steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
-                          device=batch["hidden"].device)
+    chain_k = torch.empty(max(steps - 1, 1), batch["topk_p"].shape[0] * topk, w.num_kv_heads, w.head_dim,
+                          dtype=torch.bfloat16, device=batch["hidden"].device)
     chain_v = torch.empty_like(chain_k)
-    p = batch["topk_p"]
-    index = w.token_map[batch["topk_index"]] if w.token_map is not None else batch["topk_index"]
-    scores, score_list, token_list, parents_list = None, [], [], []
-    near_ties = rows = 0
-    for step in range(steps):
-        input_ids, hidden_rows, scores, cand_scores, cand_tokens, parents = select_step(step, p, index, scores, topk)
-        score_list.append(cand_scores)
-        token_list.append(cand_tokens)
-        parents_list.append(parents)
-        if step == steps - 1:
-            break
+    counts = [0, 0]
+
+    def teacher(step, input_ids, hidden_rows, step_positions):
+        """The twin's forward from the fused drafter's inputs, compared with the fused drafter's; returns the
+        latter (and the hidden state its next forward gathers from)."""
         hidden_in, p, index = forwards[step]
         margins = []
-        twin_p, twin_index, _ = ref.draft_step(w, input_ids, hidden_in[hidden_rows], batch["positions"] + step, step,
-                                               topk, kv, chain_k, chain_v, margins)
+        twin_p, twin_index, _ = ref.draft_step(w, input_ids, hidden_in[hidden_rows], step_positions, step, topk, kv,
+                                               chain_k, chain_v, margins)
         same = (twin_index.sort(dim=-1).values == index.sort(dim=-1).values).all(dim=-1)
         tied = margins[0] < NEAR_TIE
         assert (same | tied).all(), f"forward {step}: rows {(~same & ~tied).nonzero().flatten().tolist()} differ"
-        # probabilities of the ids both picked
-        match = index[:, :, None] == twin_index[:, None, :]
+        match = index[:, :, None] == twin_index[:, None, :]  # the probabilities of the ids both picked
         ours_p = p[:, :, None].expand_as(match)[match]
         twin_p = twin_p[:, None, :].expand_as(match)[match]
         rel = (ours_p - twin_p).abs() / twin_p.abs().clamp_min(1e-30)
         assert rel.max() < PROB_RTOL and rel.median() < PROB_MEDIAN, (step, rel.max().item(), rel.median().item())
-        near_ties, rows = near_ties + int(tied.sum()), rows + tied.numel()
-    expected = (*organize(score_list, token_list, parents_list, n), torch.cat(score_list, dim=1))
+        counts[0] += int(tied.sum())
+        counts[1] += tied.numel()
+        return p, index, forwards[step + 1][0] if step + 1 < len(forwards) else None
+
+    twin_positions = batch["positions"].clone()
+    expected = ref.draft(w, topk, steps, n, batch["topk_p"], batch["topk_index"], batch["hidden"], twin_positions,
+                         kv, forward=teacher)
     for name, got, want in zip(("parent_list", "top_scores_index", "draft_tokens", "all_scores"), outputs, expected,
                                strict=True):
         assert torch.equal(got, want), name
-    assert torch.equal(positions, batch["positions"] + steps - 1)
-    return near_ties, rows
+    assert torch.equal(positions, twin_positions)
+    return tuple(counts)
 
 
 def run_case(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens, seed=0, **dims):

@@ -26,6 +26,7 @@ from tests.tree_cases import (
     check_graph_replay,
     make_tree,
     poisoned_outputs,
+    sgl_kernel_tree_args,
 )
 
 QUANTUM = 2.0**-20  # target probabilities are multiples of this (see the module docstring)
@@ -365,13 +366,7 @@ def sgl_kernel_outputs(sgl_kernel, outputs, inputs, thresholds):
     """Run sgl-kernel's ``tree_speculative_sampling_target_only`` in place on ``outputs``."""
     candidates, retrieve_index, next_token, next_sibling, uniforms, final, probs = inputs
     sgl_kernel.tree_speculative_sampling_target_only(
-        predicts=outputs[0],
-        accept_index=outputs[1],
-        accept_token_num=outputs[2],
-        candidates=candidates,
-        retrive_index=retrieve_index,
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
+        **sgl_kernel_tree_args(outputs, candidates, retrieve_index, next_token, next_sibling),
         uniform_samples=uniforms,
         uniform_samples_for_final_sampling=final,
         target_probs=probs,

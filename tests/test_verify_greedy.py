@@ -13,6 +13,7 @@ from tests.tree_cases import (
     check_graph_replay,
     make_tree,
     poisoned_outputs,
+    sgl_kernel_tree_args,
 )
 
 
@@ -106,16 +107,8 @@ def test_matches_sgl_kernel(seed):
     ours = [t.cuda() for t in poisoned_outputs(rng, cfg["bs"], cfg["n"], cfg["spec_steps"] + 1)]
     theirs = [t.clone() for t in ours]
     verify_tree_greedy(*ours, candidates, retrieve_index, next_token, next_sibling, target_predict)
-    sgl_kernel.verify_tree_greedy(
-        predicts=theirs[0],
-        accept_index=theirs[1],
-        accept_token_num=theirs[2],
-        candidates=candidates,
-        retrive_index=retrieve_index,
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
-        target_predict=target_predict,
-    )
+    sgl_kernel.verify_tree_greedy(**sgl_kernel_tree_args(theirs, candidates, retrieve_index, next_token, next_sibling),
+                                  target_predict=target_predict)
     assert_same_outputs(ours, theirs)
 
 

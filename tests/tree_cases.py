@@ -53,6 +53,12 @@ def check_against_reference(kernel, reference, outputs, inputs, device, extra=()
     return expected
 
 
+def sgl_kernel_tree_args(outputs, candidates, retrieve_index, next_token, next_sibling) -> dict:
+    """The keyword arguments sgl-kernel's tree-verification ops share (its spelling: ``retrive_*``)."""
+    return dict(predicts=outputs[0], accept_index=outputs[1], accept_token_num=outputs[2], candidates=candidates,
+                retrive_index=retrieve_index, retrive_next_token=next_token, retrive_next_sibling=next_sibling)
+
+
 def check_graph_replay(kernel, reference, inputs, outputs, fresh):
     """Captured once on CUDA ``inputs`` / ``outputs``, the launch handles fresh cases copied into the captured
     buffers; ``fresh()`` returns a new (inputs, outputs) pair on the CPU."""

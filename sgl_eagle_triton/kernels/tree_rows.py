@@ -28,11 +28,21 @@ def pick(vec, lanes, i):
 
 
 @triton.jit
-def load_tree_rows(candidates_ptr, retrieve_index_ptr, next_token_ptr, next_sibling_ptr, offsets, in_tree):
-    """One request's ``[n]`` tree rows as lane vectors: draft tokens, retrieve indices, first-child
-    and next-sibling links (-1 past the tree)."""
+def load_tree(candidates_ptr, retrieve_index_ptr, next_token_ptr, next_sibling_ptr, row_start,
+              N: tl.constexpr, NUM_SPEC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One request's ``[N]`` tree rows (from flat row ``row_start``) as lane vectors, for a walk from its root.
+
+    Returns ``(lanes, in_tree, offsets, candidates, retrieve_index, next_token, next_sibling, root, first)``:
+    the lane ids, which lanes hold a node, their flat offsets, the draft tokens, retrieve indices, first-child
+    and next-sibling links (-1 past the tree), the root's retrieve index and the first node to visit (the
+    root's first child; -1 when ``NUM_SPEC`` leaves no draft token to accept)."""
+    lanes = tl.arange(0, BLOCK_N)
+    in_tree = lanes < N
+    offsets = row_start + lanes
     candidates = tl.load(candidates_ptr + offsets, mask=in_tree, other=0)
     retrieve_index = tl.load(retrieve_index_ptr + offsets, mask=in_tree, other=0)
     next_token = tl.load(next_token_ptr + offsets, mask=in_tree, other=-1)
     next_sibling = tl.load(next_sibling_ptr + offsets, mask=in_tree, other=-1)
-    return candidates, retrieve_index, next_token, next_sibling
+    root = pick(retrieve_index, lanes, 0)
+    first = tl.where(NUM_SPEC > 1, pick(next_token, lanes, 0), -1)
+    return lanes, in_tree, offsets, candidates, retrieve_index, next_token, next_sibling, root, first

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.tree_rows import MAX_SPLIT, load_tree_rows, pick, row_slices
+from sgl_eagle_triton.kernels.tree_rows import MAX_SPLIT, load_tree, pick, row_slices
 
 
 @triton.jit
@@ -74,15 +74,10 @@ def _walk_kernel(
     s = tl.program_id(1)
     lead = s == 0
     row_start = b * N
-    lanes = tl.arange(0, BLOCK_N)
-    in_tree = lanes < N
-    offsets = row_start + lanes
-    candidates, retrieve_index, next_token, next_sibling = load_tree_rows(
-        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, offsets, in_tree
-    )
+    lanes, in_tree, offsets, candidates, retrieve_index, next_token, next_sibling, last, cur = load_tree(
+        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, row_start, N,
+        NUM_SPEC, BLOCK_N)
     coins = tl.load(uniform_samples_ptr + offsets, mask=in_tree, other=0.0)
-
-    last = pick(retrieve_index, lanes, 0)
     tl.store(accept_index_ptr + b * NUM_SPEC, last.to(tl.int32), mask=lead)
     row = row_start  # target_probs row (flat) of the last accepted node: the parent of the nodes scanned
     coin = pick(coins, lanes, 0)
@@ -91,7 +86,6 @@ def _walk_kernel(
     # Draft tokens rejected among the children of the last accepted node, in visiting order; -1: none.
     rejected = tl.full((BLOCK_N,), -1, dtype=tl.int64)
     num_rejected = 0
-    cur = tl.where(NUM_SPEC > 1, pick(next_token, lanes, 0), -1)
     steps = 0
     # One iteration per visited node: either accept it and descend, or move to its next sibling.
     # The step bound is never reached unless a sibling list is cyclic (where the CUDA kernel spins forever).

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.tree_rows import load_tree_rows, pick
+from sgl_eagle_triton.kernels.tree_rows import load_tree, pick
 
 
 @triton.jit
@@ -37,19 +37,13 @@ def _verify_tree_greedy_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     row_start = b * N
-    lanes = tl.arange(0, BLOCK_N)
-    in_tree = lanes < N
-    offsets = row_start + lanes
-    candidates, retrieve_index, next_token, next_sibling = load_tree_rows(
-        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, offsets, in_tree
-    )
+    lanes, in_tree, offsets, candidates, retrieve_index, next_token, next_sibling, last, cur = load_tree(
+        candidates_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, row_start, N,
+        NUM_SPEC, BLOCK_N)
     target_row = tl.load(target_predict_ptr + offsets, mask=in_tree, other=0)
-
-    last = pick(retrieve_index, lanes, 0)
     tl.store(accept_index_ptr + b * NUM_SPEC, last.to(tl.int32))
     target = _target_at(target_predict_ptr, target_row, lanes, row_start, last, True, N)
     num_accepted = 0
-    cur = tl.where(NUM_SPEC > 1, pick(next_token, lanes, 0), -1)
     steps = 0
     # One iteration per visited node: either accept it and descend, or move to its next sibling.
     # The step bound is never reached unless a sibling list is cyclic (where the CUDA kernel spins forever).

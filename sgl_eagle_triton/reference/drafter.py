@@ -44,10 +44,13 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
     return p, index, s
 
 
-def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv):
+def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv, forward=None):
     """``(parent_list, top_scores_index, draft_tokens, all_scores)`` and ``positions`` advanced by ``S - 1`` in place;
     arguments as :meth:`FusedDrafter.draft` with kv = (k_cache, v_cache, req_to_token, req_pool_indices,
-    seq_lens)."""
+    seq_lens).
+
+    ``forward(step, input_ids, hidden_rows, positions)``, if given, replaces the twin's own draft forward and
+    returns its ``(p, index, new hidden)``: a test feeds the twin's selection another drafter's forwards."""
     bs = topk_p.shape[0]
     chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
                           device=hidden.device)
@@ -61,7 +64,10 @@ def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, posi
         parents_list.append(parents)
         if step == num_steps - 1:
             break
-        p, index, hidden = draft_step(w, input_ids, hidden[hidden_rows], positions + step, step, topk, kv,
-                                      chain_k, chain_v)
+        if forward is not None:
+            p, index, hidden = forward(step, input_ids, hidden_rows, positions + step)
+        else:
+            p, index, hidden = draft_step(w, input_ids, hidden[hidden_rows], positions + step, step, topk, kv,
+                                          chain_k, chain_v)
     positions += num_steps - 1
     return (*organize(score_list, token_list, parents_list, num_draft_tokens), torch.cat(score_list, dim=1))
