@@ -25,4 +25,4 @@ def test_drafter_markdown():
                  dict(kernel="_linear_kernel", us=10.0)]}
     assert "batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
         drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
-    assert drafter.copy_bandwidth is kernels.copy_bandwidth
+    assert drafter.gpu_run_setup is kernels.gpu_run_setup
