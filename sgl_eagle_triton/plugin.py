@@ -79,12 +79,13 @@ INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_st
 
 
 def report_kernels(result, scheduler, *args, **kwargs):
-    """After-hook on the scheduler's ``get_internal_state`` (``/server_info``'s ``internal_states``): adds
-    ``"eagle_triton"``, the EAGLE_TRITON worker's :meth:`~sgl_eagle_triton.worker.EagleTritonWorkerV2.kernel_report`
-    (other servers' states are left as they are)."""
+    """After-hook on the scheduler's ``get_internal_state``, whose ``GetInternalStateReqOutput.internal_state``
+    becomes ``/server_info``'s ``internal_states[i]``: adds ``"eagle_triton"``, the EAGLE_TRITON worker's
+    :meth:`~sgl_eagle_triton.worker.EagleTritonWorkerV2.kernel_report` (other servers' states stay as they are)."""
     report = getattr(getattr(scheduler, "draft_worker", None), "kernel_report", None)
-    if callable(report) and isinstance(result, dict):
-        result["eagle_triton"] = report()
+    state = getattr(result, "internal_state", None)
+    if callable(report) and isinstance(state, dict):
+        state["eagle_triton"] = report()
     return result
 
 

@@ -37,14 +37,15 @@ def draft_model(w, vocab_padding: int = 0):
     return ns(model=model, lm_head=ns(weight=padded), logits_processor=ns(vocab_size=vocab))
 
 
-def sampling_info(bs: int, greedy: bool, temperature=1.0, top_k=1 << 30, top_p=1.0, min_p=0.0, logit_bias=None):
+def sampling_info(bs: int, greedy: bool, temperature=1.0, top_k=1 << 30, top_p=1.0, min_p=0.0, logit_bias=None,
+                  device="cpu"):
     """SGLang's ``SamplingBatchInfo`` fields that verification reads (no penalties, no seed)."""
     return SimpleNamespace(
         is_all_greedy=greedy,
-        temperatures=torch.full((bs, 1), temperature),
-        top_ks=torch.full((bs,), top_k, dtype=torch.int32),
-        top_ps=torch.full((bs,), top_p),
-        min_ps=torch.full((bs,), min_p),
+        temperatures=torch.full((bs, 1), temperature, device=device),
+        top_ks=torch.full((bs,), top_k, dtype=torch.int32, device=device),
+        top_ps=torch.full((bs,), top_p, device=device),
+        min_ps=torch.full((bs,), min_p, device=device),
         acc_additive_penalties=None,
         acc_scaling_penalties=None,
         logit_bias=logit_bias,

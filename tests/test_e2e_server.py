@@ -205,9 +205,9 @@ def test_observability_metrics_and_meta_info(tmp_path):
         assert 0 <= meta["spec_accept_rate"] <= 1, meta
     assert chat["choices"][0]["meta_info"]["spec_verify_ct"] > 0, chat
     assert metrics["sglang:spec_verify_calls_total"] >= sum(m["spec_verify_ct"] for m in metas), metrics
-    # The server-wide figures describe the same decode steps as the per-request ones: /server_info's since start
-    # (plus the warm-up and the chat request) within 5 % of their token-weighted mean, the gauges of the last
-    # log interval (/metrics, /v1/loads: the batch's tail end) within 15 %.
+    # The server-wide figures describe the same decode steps as the per-request ones. Measured (H200, 2026-11-26):
+    # /server_info and /v1/loads (since start: plus the warm-up and the chat request) 0.5 % above the requests'
+    # token-weighted mean, /metrics (the gauge of the last log interval: the batch's tail end) 9.3 % below it.
     served = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
     figures = {"served": served, "/metrics": metrics["sglang:spec_accept_length"],
                "/server_info": info["internal_states"][0]["avg_spec_accept_length"],
@@ -216,9 +216,9 @@ def test_observability_metrics_and_meta_info(tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], "observability.json"), "w") as f:
             json.dump(figures, f, indent=1)
     assert served > 1.5, figures  # the trained pair accepts (about 2 at this default tree)
-    assert figures["/server_info"] == pytest.approx(served, rel=0.05), figures
+    assert figures["/server_info"] == pytest.approx(served, rel=0.02), figures
+    assert figures["/v1/loads"] == pytest.approx(served, rel=0.02), figures
     assert figures["/metrics"] == pytest.approx(served, rel=0.15), figures
-    assert figures["/v1/loads"] == pytest.approx(served, rel=0.15), figures
     assert 0 < metrics["sglang:spec_accept_rate"] <= 1, metrics
     report_state = info["internal_states"][0]["eagle_triton"]
     assert report_state["errors"] == [] and report_state["sglang_version"] == "0.5.17", report_state

@@ -19,36 +19,37 @@ NEXT_TOKEN = [1, 3, -1, -1]
 NEXT_SIBLING = [-1, 2, -1, -1]
 
 
-def case(seed: int):
-    """``(verify_input, logits [BS * N, VOCAB] fp32)`` with distinct draft tokens per request."""
+def case(seed: int, device):
+    """``(verify_input, logits [BS * N, VOCAB] fp32)`` with distinct draft tokens per request, on ``device``."""
     gen = torch.Generator().manual_seed(seed)
     candidates = torch.stack([torch.randperm(VOCAB, generator=gen)[:N] for _ in range(BS)])
     verify_input = SimpleNamespace(
         draft_token_num=N,
-        draft_token=candidates.flatten(),
-        retrieve_index=torch.arange(BS * N).view(BS, N),
-        retrieve_next_token=torch.tensor([NEXT_TOKEN] * BS),
-        retrieve_next_sibling=torch.tensor([NEXT_SIBLING] * BS),
+        draft_token=candidates.flatten().to(device),
+        retrieve_index=torch.arange(BS * N, device=device).view(BS, N),
+        retrieve_next_token=torch.tensor([NEXT_TOKEN] * BS, device=device),
+        retrieve_next_sibling=torch.tensor([NEXT_SIBLING] * BS, device=device),
         max_tree_depth=STEPS + 1,
         tree_topk=2,
     )
-    return verify_input, torch.randn(BS * N, VOCAB, generator=gen) * 3
+    return verify_input, (torch.randn(BS * N, VOCAB, generator=gen) * 3).to(device)
 
 
-def batch(info):
+def batch(info, device):
     return SimpleNamespace(forward_mode=fake_sglang.ForwardMode(), sampling_info=info,
-                           seq_lens=torch.tensor([7, 11]), device="cpu")
+                           seq_lens=torch.tensor([7, 11], device=device), device=device)
 
 
-def greedy_outputs():
-    return (torch.zeros(BS * N, dtype=torch.int32), torch.full((BS, STEPS + 1), -1, dtype=torch.int32),
-            torch.empty(BS, dtype=torch.int32))
+def greedy_outputs(device):
+    return (torch.zeros(BS * N, dtype=torch.int32, device=device),
+            torch.full((BS, STEPS + 1), -1, dtype=torch.int32, device=device),
+            torch.empty(BS, dtype=torch.int32, device=device))
 
 
-def test_greedy_wrapper_takes_sglang_keywords_and_returns_its_outputs():
-    verify_input, logits = case(0)
+def test_greedy_wrapper_takes_sglang_keywords_and_returns_its_outputs(device):
+    verify_input, logits = case(0, device)
     target = logits.argmax(-1).view(BS, N)
-    ours, expected = greedy_outputs(), greedy_outputs()
+    ours, expected = greedy_outputs(device), greedy_outputs(device)
     trees = (verify_input.draft_token.view(BS, N), verify_input.retrieve_index, verify_input.retrieve_next_token,
              verify_input.retrieve_next_sibling, target)
     out = verify.verify_tree_greedy_func(
@@ -61,19 +62,20 @@ def test_greedy_wrapper_takes_sglang_keywords_and_returns_its_outputs():
 
 
 @pytest.mark.parametrize("follow", [False, True])
-def test_eagle_sample_greedy_batch_runs_our_greedy_kernel(follow):
-    verify_input, logits = case(1)
+def test_eagle_sample_greedy_batch_runs_our_greedy_kernel(device, follow):
+    verify_input, logits = case(1, device)
     if follow:  # the target agrees with draft nodes 1 and 3 of request 0: two tokens accepted there
         for node, child in ((0, 1), (1, 3)):
             logits[node, verify_input.draft_token[child]] = 100.0
-    expected = greedy_outputs()
+    expected = greedy_outputs(device)
     verify_tree_greedy_ref(*expected, verify_input.draft_token.view(BS, N), verify_input.retrieve_index,
                            verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
                            logits.argmax(-1).view(BS, N))
     before = verify.RAN[verify.VERIFY_GREEDY]
     with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
         predict, accept_lens, accept_index = verify.eagle_sample(
-            verify_input, batch(fake_sglang.sampling_info(BS, greedy=True)), SimpleNamespace(next_token_logits=logits))
+            verify_input, batch(fake_sglang.sampling_info(BS, greedy=True, device=device), device),
+            SimpleNamespace(next_token_logits=logits))
     assert verify.RAN[verify.VERIFY_GREEDY] == before + 1
     assert torch.equal(predict, expected[0]) and torch.equal(accept_index, expected[1])
     assert torch.equal(accept_lens, expected[2] + 1)
@@ -82,10 +84,10 @@ def test_eagle_sample_greedy_batch_runs_our_greedy_kernel(follow):
 
 
 @pytest.fixture
-def fixed_coins(monkeypatch):
+def fixed_coins(monkeypatch, device):
     """SGLang's coin source replaced by fixed coins (recording what it was asked for); thresholds 1."""
     gen = torch.Generator().manual_seed(7)
-    coins = (torch.rand(BS, N, generator=gen), torch.rand(BS, generator=gen))
+    coins = (torch.rand(BS, N, generator=gen).to(device), torch.rand(BS, generator=gen).to(device))
     asked = []
 
     def verify_coins(**kwargs):
@@ -99,30 +101,30 @@ def fixed_coins(monkeypatch):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_eagle_sample_sampled_batch_runs_our_sampling_kernels(fixed_coins, bias):
+def test_eagle_sample_sampled_batch_runs_our_sampling_kernels(device, fixed_coins, bias):
     """SGLang's logit processing (here a logit bias) before our target probabilities, SGLang's coins, our tree
     sampling: the result equals those kernels composed by hand, accept lengths counting the bonus token."""
     coins, asked = fixed_coins
-    verify_input, logits = case(2)
+    verify_input, logits = case(2, device)
     logit_bias = None
     if bias:  # each request's bias makes its draft token of node 1 certain at the root
-        logit_bias = torch.zeros(BS, VOCAB)
+        logit_bias = torch.zeros(BS, VOCAB, device=device)
         logit_bias[torch.arange(BS), verify_input.draft_token.view(BS, N)[:, 1]] = 100.0
     info = fake_sglang.sampling_info(BS, greedy=False, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01,
-                                     logit_bias=logit_bias)
+                                     logit_bias=logit_bias, device=device)
     processed = logits + (logit_bias.repeat_interleave(N, dim=0) if bias else 0)
     probs = prepare_target_probs(processed, info.temperatures, info.top_ks, info.top_ps, info.min_ps, N)
-    expected = greedy_outputs()
+    expected = greedy_outputs(device)
     tree_speculative_sampling(*expected, verify_input.draft_token.view(BS, N), verify_input.retrieve_index,
                               verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, *coins,
                               probs.view(BS, N, -1), 1.0, 1.0)
     before = verify.RAN[verify.VERIFY_SAMPLING]
-    predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch(info),
+    predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch(info, device),
                                                              SimpleNamespace(next_token_logits=logits))
     assert verify.RAN[verify.VERIFY_SAMPLING] == before + 1
     assert torch.equal(predict, expected[0]) and torch.equal(accept_index, expected[1])
     assert torch.equal(accept_lens, expected[2] + 1)
     if bias:
         assert (accept_lens >= 2).all()
-    assert asked[0]["draft_token_num"] == N and torch.equal(asked[0]["seq_lens"], torch.tensor([7, 11]))
+    assert asked[0]["draft_token_num"] == N and asked[0]["seq_lens"].tolist() == [7, 11]
     assert asked[0]["sampling_info"] is info

@@ -15,7 +15,6 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import config, plugin, verify, worker
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
-from sgl_eagle_triton.reference import drafter as ref
 from sgl_eagle_triton.testing import random_batch, random_draft
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
@@ -107,13 +106,13 @@ def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, 
     assert report["sglang_version"] == sglang.__version__ and report["kernels"] == worker.KERNELS_IN_USE
 
 
-def test_first_verify_through_the_swapped_names_is_ours(monkeypatch, fresh_counts):
+def test_first_verify_through_the_swapped_names_is_ours(monkeypatch, fresh_counts, device):
     def stock_verify(self, batch, grammar_barrier=None):  # SGLang's greedy path, reaching the swapped name
         outputs = (torch.zeros(2, dtype=torch.int32), torch.full((1, 2), -1, dtype=torch.int32),
                    torch.zeros(1, dtype=torch.int32))
         tree = [torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), torch.tensor([[1, -1]]), torch.tensor([[-1, -1]]),
                 torch.tensor([[6, 9]])]
-        return eagle_utils.verify_tree_greedy_func(*outputs, *tree)
+        return eagle_utils.verify_tree_greedy_func(*(t.to(device) for t in (*outputs, *tree)))
 
     monkeypatch.setattr(EAGLEWorkerV2, "verify", stock_verify)
     w = _verify_worker()
@@ -145,11 +144,16 @@ def test_first_draft_through_the_swapped_build_tree_is_ours(monkeypatch, fresh_c
 
 
 def test_server_info_hook_adds_the_report(fresh_counts):
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
     w = _verify_worker()
-    state = plugin.report_kernels({"avg_spec_accept_length": 2.0}, SimpleNamespace(draft_worker=w))
+    out = plugin.report_kernels(GetInternalStateReqOutput(internal_state={"avg_spec_accept_length": 2.0}),
+                                SimpleNamespace(draft_worker=w))
+    state = out.internal_state
     assert state["avg_spec_accept_length"] == 2.0 and state["eagle_triton"]["errors"] == []
-    stock = plugin.report_kernels({"x": 1}, SimpleNamespace(draft_worker=SimpleNamespace()))
-    assert stock == {"x": 1}
+    stock = plugin.report_kernels(GetInternalStateReqOutput(internal_state={"x": 1}),
+                                  SimpleNamespace(draft_worker=SimpleNamespace()))
+    assert stock.internal_state == {"x": 1}
 
 
 def test_server_info_hook_is_applied():
@@ -175,19 +179,19 @@ def _bound_draft_worker(w, batch):
     return dw
 
 
-def test_draft_forward_follows_sglangs_contract(fresh_counts):
+def test_draft_forward_follows_sglangs_contract(fresh_counts, device):
     """``(parent_list, top_scores_index, draft_tokens, None)`` of the fused drafter, positions advanced by
-    steps - 1 in place, exactly as the fused drafter alone and the drafter's twin (no near-tie in this case)."""
-    w, gen = random_draft(True, "cpu", seed=5)
-    batch = random_batch(w, 2, TOPK, STEPS, [9, 4], gen, "cpu")
+    steps - 1 in place (the fused drafter against its twin: tests/test_drafter.py)."""
+    w, gen = random_draft(True, device, seed=5)
+    batch = random_batch(w, 2, TOPK, STEPS, [9, 4], gen, device)
     spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
     forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
                                     seq_lens=batch["seq_lens"], req_pool_indices=batch["req_pool_indices"])
     out = _bound_draft_worker(w, batch).draft_forward(forward_batch)
     assert len(out) == 4 and out[3] is None and fresh_counts[worker.FUSED_DRAFTER] == 1
-    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
     positions = batch["positions"].clone()
-    expected = ref.draft(w, TOPK, STEPS, N, batch["topk_p"], batch["topk_index"], batch["hidden"], positions, kv)
+    expected = _bound_draft_worker(w, batch).fused_drafter.draft(
+        batch["topk_p"], batch["topk_index"], batch["hidden"], positions, batch["seq_lens"], batch["req_pool_indices"])
     assert all(torch.equal(o, e) for o, e in zip(out[:3], expected[:3], strict=True))
     assert [t.shape for t in out[:3]] == [(2, TOPK * (STEPS - 1) + 1), (2, N - 1), (2, N - 1)]
     assert torch.equal(forward_batch.positions, positions)
