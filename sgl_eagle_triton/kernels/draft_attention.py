@@ -29,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
 from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
+from sgl_eagle_triton.kernels.rounding import mma, round_to
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def _roped(x_ptr, head_offs, pos, cos_sin_ptr, cos_sin_stride, D: tl.constexpr):
     cos = tl.load(cos_sin_ptr + pos * cos_sin_stride + d % HALF)
     sin = tl.load(cos_sin_ptr + pos * cos_sin_stride + HALF + d % HALF)
     # First half x1 * cos - x2 * sin, second half x2 * cos + x1 * sin.
-    return to_bf16(x * cos + tl.where(d < HALF, -partner, partner) * sin)
+    return round_to(x * cos + tl.where(d < HALF, -partner, partner) * sin, tl.bfloat16)
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def _prefix_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = mma(to_bf16(p), v, acc * alpha[:, None])
+        acc = mma(round_to(p, tl.bfloat16), v, acc * alpha[:, None])
         m_i = m_new
 
     part = (row * HQ + head) * SPLIT + split
@@ -202,7 +202,7 @@ def _chain_merge_kernel(
         acc = acc * alpha[:, None] + acc_s * beta[:, None]
         m_i = m_new
 
-    out = to_bf16(acc / l_i[:, None])
+    out = round_to(acc / l_i[:, None], tl.bfloat16)
     tl.store(out_ptr + row * out_stride + head[:, None] * D + d, out, mask=(g < GROUP)[:, None])
 
 

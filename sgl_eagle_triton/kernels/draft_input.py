@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.bf16 import to_bf16
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rstd
+from sgl_eagle_triton.kernels.rounding import round_to
 
 
 @triton.jit
@@ -63,8 +63,8 @@ def _draft_input_kernel(
             tl.store(residual_ptr + r * H + cols, h, mask=ok)
             w_e = tl.load(input_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             w_h = tl.load(hidden_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-            e = to_bf16(e.to(tl.float32) * inv_e * w_e)
-            h = to_bf16(h.to(tl.float32) * inv_h * w_h)
+            e = round_to(e.to(tl.float32) * inv_e * w_e, tl.bfloat16)
+            h = round_to(h.to(tl.float32) * inv_h * w_h, tl.bfloat16)
         tl.store(x_row + cols, e, mask=ok)
         tl.store(x_row + H + cols, h, mask=ok)
 

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
+from sgl_eagle_triton.kernels.rounding import mma, round_to
 
 
 @triton.jit
@@ -83,9 +83,9 @@ def _linear_kernel(
         xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            xv = to_bf16(xv.to(tl.float32) * inv[:, None] * nw[None, :])
+            xv = round_to(xv.to(tl.float32) * inv[:, None] * nw[None, :], tl.bfloat16)
         elif xv.dtype != tl.bfloat16:
-            xv = to_bf16(xv.to(tl.float32))  # a bf16 x goes to the MMA as loaded
+            xv = round_to(xv.to(tl.float32), tl.bfloat16)  # a bf16 x goes to the MMA as loaded
         wv = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = mma(xv, tl.trans(wv), acc)
         if SILU_MUL:
@@ -94,8 +94,8 @@ def _linear_kernel(
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y = to_bf16(acc)
-    up = to_bf16(acc_up) if SILU_MUL else y
+    y = round_to(acc, tl.bfloat16)
+    up = round_to(acc_up, tl.bfloat16) if SILU_MUL else y
     _store_epilogue(y, up, rows, cols, row_ok[:, None] & col_ok[None, :], res_ptr, stride_res, out_ptr,
                     stride_out, sum_ptr, N, SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
 
@@ -106,13 +106,13 @@ def _store_epilogue(y, up, rows, cols, ok, res_ptr, stride_res, out_ptr, stride_
     """The epilogues on a tile of bf16 GEMM outputs ``y`` (``up``: the up half with ``SILU_MUL``), stored."""
     y = y.to(tl.float32)
     if SILU_MUL:
-        y = to_bf16(y / (1.0 + tl.exp(-y)) * up.to(tl.float32)).to(tl.float32)
+        y = round_to(y / (1.0 + tl.exp(-y)) * up.to(tl.float32), tl.bfloat16).to(tl.float32)
     if ADD_RESIDUAL:
         res = tl.load(res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :], mask=ok, other=0.0)
         y = y + res.to(tl.float32)
         if WRITE_SUM:
             tl.store(sum_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], y, mask=ok)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], to_bf16(y), mask=ok)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], round_to(y, tl.bfloat16), mask=ok)
 
 
 @triton.jit

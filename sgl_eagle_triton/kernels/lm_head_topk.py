@@ -27,10 +27,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.bf16 import mma, to_bf16
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
+from sgl_eagle_triton.kernels.rounding import mma, round_to
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
 KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
@@ -100,8 +100,8 @@ def _lm_head_tile_kernel(
             z = tl.load(x_rows + k).to(tl.float32)
             if HAS_NORM:
                 z = (z * inv[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
-            acc = mma(to_bf16(z), tl.trans(tl.load(w_rows + k)), acc)
-        acc = to_bf16(acc).to(tl.float32)
+            acc = mma(round_to(z, tl.bfloat16), tl.trans(tl.load(w_rows + k)), acc)
+        acc = round_to(acc, tl.bfloat16).to(tl.float32)
 
     logits = tl.where(vocab[None, :] < V, acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)

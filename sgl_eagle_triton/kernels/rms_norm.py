@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.bf16 import to_bf16
+from sgl_eagle_triton.kernels.rounding import round_to
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def _rms_norm_kernel(x_ptr, stride_x, w_ptr, out_ptr, eps, K: tl.constexpr, BLOC
         ks = k0 + tl.arange(0, BLOCK)
         v = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * K + ks, to_bf16((v * inv) * w), mask=ks < K)
+        tl.store(out_ptr + row * K + ks, round_to((v * inv) * w, tl.bfloat16), mask=ks < K)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
