@@ -19,8 +19,9 @@ Two kernels. Their grids depend only on (bs, topk, model dims), so the op is CUD
 
 ``SPLIT`` is the power of two that gives kernel 1 about two waves over the SMs (:func:`num_splits`).
 Scores are kept in the log2 domain (``scale * log2(e)`` folded in, ``exp2``). Both kernels round the
-roped q and k to bf16 before the dot. The probabilities enter kernel 1's P.V product in bf16, as in
-flash attention; everything else is fp32.
+roped q and k to the model's dtype (bf16 or fp16: that of qkv, the KV pool, the chain and the output) before
+the dot. The probabilities enter kernel 1's P.V product in that dtype, as in flash attention; everything else
+is fp32.
 """
 
 import math
@@ -31,15 +32,15 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
-from sgl_eagle_triton.kernels.rounding import mma, round_to
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
 
 
 @triton.jit
-def _roped(x_ptr, head_offs, pos, cos_sin_ptr, cos_sin_stride, D: tl.constexpr):
+def _roped(x_ptr, head_offs, pos, cos_sin_ptr, cos_sin_stride, D: tl.constexpr, DTYPE: tl.constexpr):
     """Neox RoPE of the ``D``-wide heads at ``x_ptr + head_offs`` for positions ``pos``.
 
     ``head_offs`` and ``pos`` are ``[ROWS, 1]`` tensors or scalars. Returns ``[ROWS, D]`` (``[1, D]`` for
-    scalars): fp32 math, rounded to bf16.
+    scalars): fp32 math, rounded to ``DTYPE``.
     """
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, D)[None, :]
@@ -48,7 +49,7 @@ def _roped(x_ptr, head_offs, pos, cos_sin_ptr, cos_sin_stride, D: tl.constexpr):
     cos = tl.load(cos_sin_ptr + pos * cos_sin_stride + d % HALF)
     sin = tl.load(cos_sin_ptr + pos * cos_sin_stride + HALF + d % HALF)
     # First half x1 * cos - x2 * sin, second half x2 * cos + x1 * sin.
-    return round_to(x * cos + tl.where(d < HALF, -partner, partner) * sin, tl.bfloat16)
+    return round_to(x * cos + tl.where(d < HALF, -partner, partner) * sin, DTYPE)
 
 
 @triton.jit
@@ -76,6 +77,7 @@ def _prefix_kernel(
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -94,7 +96,7 @@ def _prefix_kernel(
     row = b * TOPK + tl.minimum(m // GROUP, TOPK - 1)
     head = kv_head * GROUP + m % GROUP
     pos = tl.load(positions_ptr + row)
-    q = _roped(qkv_ptr, (row * qkv_stride + head * D)[:, None], pos[:, None], cos_sin_ptr, cos_sin_stride, D)
+    q = _roped(qkv_ptr, (row * qkv_stride + head * D)[:, None], pos[:, None], cos_sin_ptr, cos_sin_stride, D, DTYPE)
 
     d = tl.arange(0, D)[None, :]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -120,7 +122,7 @@ def _prefix_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = mma(round_to(p, tl.bfloat16), v, acc * alpha[:, None])
+        acc = mma(round_to(p, DTYPE), v, acc * alpha[:, None])
         m_i = m_new
 
     part = (row * HQ + head) * SPLIT + split
@@ -154,6 +156,7 @@ def _chain_merge_kernel(
     D: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -163,8 +166,8 @@ def _chain_merge_kernel(
     head = kv_head * GROUP + tl.minimum(g, GROUP - 1)
     pos = tl.load(positions_ptr + row)
     qkv_row = qkv_ptr + row * qkv_stride
-    q = _roped(qkv_row, (head * D)[:, None], pos, cos_sin_ptr, cos_sin_stride, D).to(tl.float32)
-    k = _roped(qkv_row, (HQ + kv_head) * D, pos, cos_sin_ptr, cos_sin_stride, D)
+    q = _roped(qkv_row, (head * D)[:, None], pos, cos_sin_ptr, cos_sin_stride, D, DTYPE).to(tl.float32)
+    k = _roped(qkv_row, (HQ + kv_head) * D, pos, cos_sin_ptr, cos_sin_stride, D, DTYPE)
     d = tl.arange(0, D)[None, :]
     v = tl.load(qkv_row + (HQ + HKV + kv_head) * D + d)
     chain = row * chain_row_stride + kv_head * chain_head_stride + d
@@ -202,7 +205,7 @@ def _chain_merge_kernel(
         acc = acc * alpha[:, None] + acc_s * beta[:, None]
         m_i = m_new
 
-    out = round_to(acc / l_i[:, None], tl.bfloat16)
+    out = round_to(acc / l_i[:, None], DTYPE)
     tl.store(out_ptr + row * out_stride + head[:, None] * D + d, out, mask=(g < GROUP)[:, None])
 
 
@@ -235,15 +238,16 @@ def draft_attention(
     """Draft-decode attention of ``R = bs * topk`` rows (row ``r`` belongs to request ``r // topk``).
     Writes ``out`` and ``chain_k/v[step, :R]`` and returns ``out``.
 
-    Inputs (``Hq, Hkv, D`` = ``num_q_heads, num_kv_heads, head_dim``; ``D`` a power of two >= 16):
-        qkv              [R, (Hq + 2 Hkv) D] bf16: raw (pre-RoPE) q heads, k heads, v heads; any row stride.
+    Inputs (``Hq, Hkv, D`` = ``num_q_heads, num_kv_heads, head_dim``; ``D`` a power of two >= 16; every
+    bf16 / fp16 tensor below in one dtype, the model's):
+        qkv              [R, (Hq + 2 Hkv) D] bf16 or fp16: raw (pre-RoPE) q heads, k heads, v heads; any row stride.
         positions        [R] int64: position of each row's token (``L_b + step``).
         cos_sin_cache    [max_pos, D] fp32: cos in columns ``< D / 2``, sin after (neox RoPE over all of D).
-        k_cache, v_cache [slots, Hkv, D] bf16: the draft layer's KV pool (prefix KV, already roped).
+        k_cache, v_cache [slots, Hkv, D] bf16 / fp16: the draft layer's KV pool (prefix KV, already roped).
         req_to_token     [reqs, ctx] int32; req_pool_indices [bs] int64; seq_lens [bs] int64 (``L_b``).
-        chain_k, chain_v [S_max, R_max, Hkv, D] bf16: per-row chain, entries ``0 .. step - 1`` already written.
+        chain_k, chain_v [S_max, R_max, Hkv, D] bf16 / fp16: per-row chain, entries ``0 .. step - 1`` already written.
     Output:
-        out              [R, Hq D] bf16: q head ``h`` attends with kv head ``h // (Hq / Hkv)`` over the
+        out              [R, Hq D] bf16 / fp16: q head ``h`` attends with kv head ``h // (Hq / Hkv)`` over the
                          prefix, then chain entries ``0 .. step``; scores times ``scale``, fp32 softmax.
     ``chain_k/v[step, r]`` receive row ``r``'s roped k and its v.
 
@@ -259,7 +263,7 @@ def draft_attention(
     assert out.shape == (rows, num_q_heads * head_dim) and out.stride(1) == 1
     assert positions.shape == (rows,) and cos_sin_cache.shape[1] == head_dim and cos_sin_cache.is_contiguous()
     assert cos_sin_cache.dtype == torch.float32
-    assert all(t.dtype == torch.bfloat16 for t in (qkv, k_cache, v_cache, chain_k, chain_v, out))
+    assert qkv.dtype in MODEL_DTYPES and all(t.dtype == qkv.dtype for t in (k_cache, v_cache, chain_k, chain_v, out))
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1 and req_to_token.stride(1) == 1
     assert chain_k.stride() == chain_v.stride() and chain_k.stride(3) == 1
     assert 0 <= step < chain_k.shape[0] and rows <= chain_k.shape[1]
@@ -290,6 +294,7 @@ def draft_attention(
         SPLIT=split,
         BLOCK_M=block_m,
         BLOCK_N=min(64, max(16, head_dim // 2)),  # 64 keys at D >= 128; small D (tests) gets several blocks
+        DTYPE=tl_dtype(qkv.dtype),
         **pdl_args(qkv.device),
         num_warps=4 if block_m <= 64 else 8,
     )
@@ -312,6 +317,7 @@ def draft_attention(
         D=head_dim,
         SPLIT=split,
         BLOCK_G=triton.next_power_of_2(group),
+        DTYPE=tl_dtype(qkv.dtype),
         **pdl_args(qkv.device),
         num_warps=2,
     )

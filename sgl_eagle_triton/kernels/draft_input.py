@@ -4,7 +4,8 @@ Row ``r`` of the step reads token ``input_ids[r]`` (target vocabulary) and the c
 ``hidden[hidden_rows[r]]`` (the frontier's parent row, picked by the previous selection). It writes
 ``x[r] = [rms(embed[t]) * w_in, rms(h) * w_hidden]`` (EAGLE-3 midlayer input) or ``[embed[t], h]`` (EAGLE-1
 ``fc`` input), and for EAGLE-3 the residual ``h`` (the layer's residual stream starts at the hidden state).
-One program per row; RMSNorm as SGLang computes it: fp32 ``x * rstd * w`` rounded to bf16, with
+One program per row; RMSNorm as SGLang computes it: fp32 ``x * rstd * w`` rounded to the model's dtype (bf16 or
+fp16, that of every tensor here but the ids), with
 :func:`sgl_eagle_triton.kernels.rms_norm.rstd` (the kernels' one rounding rule).
 """
 
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rstd
-from sgl_eagle_triton.kernels.rounding import round_to
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, round_to, tl_dtype
 
 
 @triton.jit
@@ -43,6 +44,7 @@ def _draft_input_kernel(
     H: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK: tl.constexpr,
+    DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -63,8 +65,8 @@ def _draft_input_kernel(
             tl.store(residual_ptr + r * H + cols, h, mask=ok)
             w_e = tl.load(input_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             w_h = tl.load(hidden_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-            e = round_to(e.to(tl.float32) * inv_e * w_e, tl.bfloat16)
-            h = round_to(h.to(tl.float32) * inv_h * w_h, tl.bfloat16)
+            e = round_to(e.to(tl.float32) * inv_e * w_e, DTYPE)
+            h = round_to(h.to(tl.float32) * inv_h * w_h, DTYPE)
         tl.store(x_row + cols, e, mask=ok)
         tl.store(x_row + H + cols, h, mask=ok)
 
@@ -81,17 +83,19 @@ def draft_input(
     hidden_norm: torch.Tensor | None = None,
     eps: float = 0.0,
 ) -> torch.Tensor:
-    """Fill ``x [R, 2H] bf16`` (and ``residual [R, H] bf16`` with the norms) for ``R = input_ids.numel()`` rows.
+    """Fill ``x [R, 2H]`` (and ``residual [R, H]`` with the norms) for ``R = input_ids.numel()`` rows.
 
-    input_ids: [R] int (target ids); embed: [V, H] bf16 contiguous; hidden: [*, H] bf16 (unit column
-    stride); hidden_rows: [R] int (row of ``hidden`` per step row); input_norm / hidden_norm: [H] bf16, both
-    or neither (EAGLE-3 vs EAGLE-1). Returns ``x``.
+    input_ids: [R] int (target ids); embed: [V, H] bf16 or fp16, contiguous; hidden: [*, H] (unit column
+    stride); hidden_rows: [R] int (row of ``hidden`` per step row); input_norm / hidden_norm: [H], both or
+    neither (EAGLE-3 vs EAGLE-1); every float tensor in the embedding's dtype. Returns ``x``.
     """
     R = input_ids.numel()
     H = embed.shape[1]
     norm = input_norm is not None
     assert norm == (hidden_norm is not None) == (residual is not None)
     assert x.shape[1] == 2 * H and x.is_contiguous() and hidden.stride(1) == 1
+    assert embed.dtype in MODEL_DTYPES
+    assert all(t is None or t.dtype == embed.dtype for t in (hidden, x, residual, input_norm, hidden_norm))
     _draft_input_kernel[(R,)](
         input_ids,
         embed,
@@ -106,6 +110,7 @@ def draft_input(
         H=H,
         NORM=norm,
         BLOCK=min(1024, triton.next_power_of_2(H)),
+        DTYPE=tl_dtype(x.dtype),
         **pdl_args(x.device),
         num_warps=4,
     )

@@ -4,12 +4,14 @@ The draft forward multiplies a few rows (``batch * topk``) by weight matrices of
 it is bound by reading the weight once. The grid splits the output columns finely enough that every SM
 streams its own slice of the weight; each program keeps its rows of ``x`` (a few KB) hot in L1/L2.
 
-Prologue (optional): RMSNorm of ``x`` with ``norm_weight``, computed in fp32 and rounded to bf16 per
-element as SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``;
+All tensors but fp32 ones are in the model's dtype (bf16 or fp16, one per call; "rounded" below means to it).
+
+Prologue (optional): RMSNorm of ``x`` with ``norm_weight``, computed in fp32 and rounded per element as
+SGLang's RMSNorm does; every program recomputes its rows' ``rstd`` (one extra pass over ``x``;
 :func:`sgl_eagle_triton.kernels.rms_norm.rstd`, the kernels' one rounding rule).
 From ``CUBLAS_MIN_ROWS`` rows on (the draft at large batch x topk) the layer is no longer skinny: a kernel
 normalises ``x`` once, cuBLAS runs the GEMM and one kernel applies the epilogues (``_linear_cublas``).
-Epilogues, all after rounding the fp32 accumulator to bf16 (SGLang's GEMM output):
+Epilogues, all after rounding the fp32 accumulator (SGLang's GEMM output):
 ``bias`` (added in fp32 before rounding, as a cuBLAS bias epilogue does), ``silu_mul`` (``weight`` holds
 ``[gate; up]`` of ``2 * N`` rows, ``out = silu(gate) * up`` in fp32, rounded), ``residual``
 (``out = rnd(y + residual)``; ``out_sum`` optionally receives the unrounded fp32 sum, which SGLang's fused
@@ -24,7 +26,7 @@ import triton.language as tl
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
-from sgl_eagle_triton.kernels.rounding import mma, round_to
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
 
 
 @triton.jit
@@ -51,6 +53,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -83,9 +86,9 @@ def _linear_kernel(
         xv = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            xv = round_to(xv.to(tl.float32) * inv[:, None] * nw[None, :], tl.bfloat16)
-        elif xv.dtype != tl.bfloat16:
-            xv = round_to(xv.to(tl.float32), tl.bfloat16)  # a bf16 x goes to the MMA as loaded
+            xv = round_to(xv.to(tl.float32) * inv[:, None] * nw[None, :], DTYPE)
+        elif xv.dtype != DTYPE:
+            xv = round_to(xv.to(tl.float32), DTYPE)  # an x in the model's dtype goes to the MMA as loaded
         wv = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = mma(xv, tl.trans(wv), acc)
         if SILU_MUL:
@@ -94,32 +97,32 @@ def _linear_kernel(
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y = round_to(acc, tl.bfloat16)
-    up = round_to(acc_up, tl.bfloat16) if SILU_MUL else y
+    y = round_to(acc, DTYPE)
+    up = round_to(acc_up, DTYPE) if SILU_MUL else y
     _store_epilogue(y, up, rows, cols, row_ok[:, None] & col_ok[None, :], res_ptr, stride_res, out_ptr,
-                    stride_out, sum_ptr, N, SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
+                    stride_out, sum_ptr, N, SILU_MUL, ADD_RESIDUAL, WRITE_SUM, DTYPE)
 
 
 @triton.jit
 def _store_epilogue(y, up, rows, cols, ok, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, N,
-                    SILU_MUL: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr):
-    """The epilogues on a tile of bf16 GEMM outputs ``y`` (``up``: the up half with ``SILU_MUL``), stored."""
+                    SILU_MUL: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr, DTYPE: tl.constexpr):
+    """The epilogues on a tile of GEMM outputs ``y`` in ``DTYPE`` (``up``: the up half with ``SILU_MUL``), stored."""
     y = y.to(tl.float32)
     if SILU_MUL:
-        y = round_to(y / (1.0 + tl.exp(-y)) * up.to(tl.float32), tl.bfloat16).to(tl.float32)
+        y = round_to(y / (1.0 + tl.exp(-y)) * up.to(tl.float32), DTYPE).to(tl.float32)
     if ADD_RESIDUAL:
         res = tl.load(res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :], mask=ok, other=0.0)
         y = y + res.to(tl.float32)
         if WRITE_SUM:
             tl.store(sum_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], y, mask=ok)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], round_to(y, tl.bfloat16), mask=ok)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], round_to(y, DTYPE), mask=ok)
 
 
 @triton.jit
 def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, M, N,
                      SILU_MUL: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The epilogues after a cuBLAS GEMM: ``y [M, N]`` (``[M, 2N]``, gate then up, with ``SILU_MUL``) bf16."""
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+    """The epilogues after a cuBLAS GEMM: ``y [M, N]`` (``[M, 2N]``, gate then up, with ``SILU_MUL``) in ``DTYPE``."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = (rows < M)[:, None] & (cols < N)[None, :]
@@ -127,7 +130,7 @@ def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, 
     y = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)
     up = tl.load(y_rows + N + cols[None, :], mask=ok, other=0.0) if SILU_MUL else y
     _store_epilogue(y, up, rows, cols, ok, res_ptr, stride_res, out_ptr, stride_out, sum_ptr, N,
-                    SILU_MUL, ADD_RESIDUAL, WRITE_SUM)
+                    SILU_MUL, ADD_RESIDUAL, WRITE_SUM, DTYPE)
 
 
 def _config(M: int, N: int) -> tuple[int, int, int, int]:
@@ -161,15 +164,19 @@ def linear(
     residual: torch.Tensor | None = None,
     out_sum: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out [M, N] bf16 = epilogue(prologue(x) @ weight.T)`` (see the module docstring).
+    """``out [M, N] = epilogue(prologue(x) @ weight.T)`` (see the module docstring), in the weight's dtype.
 
-    x: [M, K] bf16 or fp32 (row stride free, unit column stride); weight: [N, K] bf16 contiguous
-    (``[2N, K]`` with ``silu_mul``); bias: [N]; norm_weight: [K]; residual: [M, N] bf16 (unit column
-    stride); out_sum: [M, N] fp32 contiguous. Returns ``out``.
+    weight: [N, K] bf16 or fp16, contiguous (``[2N, K]`` with ``silu_mul``); x: [M, K] in the weight's dtype
+    or fp32 (row stride free, unit column stride); bias: [N]; norm_weight: [K]; residual: [M, N] (unit column
+    stride); out_sum: [M, N] fp32 contiguous; bias, norm_weight, residual and out in the weight's dtype.
+    Returns ``out``.
     """
     M, K = x.shape
     N = out.shape[1]
+    dtype = weight.dtype
     assert weight.shape == ((2 * N if silu_mul else N), K) and weight.is_contiguous()
+    assert dtype in MODEL_DTYPES and x.dtype in (dtype, torch.float32) and out.dtype == dtype
+    assert all(t is None or t.dtype == dtype for t in (bias, norm_weight, residual))
     assert x.stride(1) == 1 and out.stride(1) == 1
     assert out_sum is None or residual is not None, "out_sum is the residual epilogue's fp32 sum"
     if M >= CUBLAS_MIN_ROWS:
@@ -203,6 +210,7 @@ def linear(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        DTYPE=tl_dtype(dtype),
         **pdl_args(x.device),
         num_warps=num_warps,
         num_stages=num_stages,
@@ -211,10 +219,11 @@ def linear(
 
 
 def _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum):
-    """Many rows: ``x`` normalised (or rounded to bf16) once, the GEMM by cuBLAS (bf16 output, bias in its
-    epilogue: SGLang's own draft layer makes these very calls), then the other epilogues in one kernel."""
+    """Many rows: ``x`` normalised (or rounded to the weight's dtype) once, the GEMM by cuBLAS (output in that
+    dtype, bias in its epilogue: SGLang's own draft layer makes these very calls), then the other epilogues in
+    one kernel."""
     M, N = x.shape[0], out.shape[1]
-    z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(torch.bfloat16)
+    z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
     y = F.linear(z, weight, bias)
     if not silu_mul and residual is None:
         return out.copy_(y)
@@ -223,6 +232,6 @@ def _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, o
         y, y.stride(0), residual if residual is not None else out, residual.stride(0) if residual is not None else 0,
         out, out.stride(0), out_sum if out_sum is not None else out, M, N,
         SILU_MUL=silu_mul, ADD_RESIDUAL=residual is not None, WRITE_SUM=out_sum is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
+        BLOCK_M=block_m, BLOCK_N=block_n, DTYPE=tl_dtype(out.dtype), num_warps=4,
     )
     return out

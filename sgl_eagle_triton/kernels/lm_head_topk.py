@@ -3,13 +3,13 @@ reach memory.
 
 Kernel 1, grid ``(cdiv(R, BLOCK_R), cdiv(V, BLOCK_V))``, one program per block of rows and ``BLOCK_V``-wide
 vocabulary tile: the tile's logits in registers (RMSNorm, if any, applied to ``x`` as it is loaded; ``tl.dot``
-over ``H``; rounded to bf16 as SGLang's bf16 GEMM output), then per row the tile's ``sum(exp(logit - tile max))``
-and its top ``TOPK`` candidates, best first, to scratch. Row blocks are the fastest grid axis, so the programs
-that share a weight tile run together and re-read it from L2 rather than HBM.
+over ``H``; rounded to the model's dtype, bf16 or fp16, as SGLang's GEMM output), then per row the tile's
+``sum(exp(logit - tile max))`` and its top ``TOPK`` candidates, best first, to scratch. Row blocks are the
+fastest grid axis, so the programs that share a weight tile run together and re-read it from L2 rather than HBM.
 
 From ``CUBLAS_MIN_ROWS`` rows on (the draft at large batch x topk) the logits are no longer worth avoiding
-(``R * V`` bf16 is a few tens of MB against hundreds of µs of GEMM): ``x`` is normalised once, cuBLAS writes
-the bf16 logits (SGLang's own LM head call) and kernel 1 reads its tiles from them.
+(``R * V`` 16-bit logits are a few tens of MB against hundreds of µs of GEMM): ``x`` is normalised once, cuBLAS
+writes the logits in the model's dtype (SGLang's own LM head call) and kernel 1 reads its tiles from them.
 
 Kernel 2, grid ``(R,)``: per row, the max ``M`` of the tile maxima and ``S = sum_t sum_t * exp(max_t - M)``.
 The top-k lie among the candidates of the ``TOPK`` tiles with the largest maxima (a tile outside them has
@@ -30,7 +30,7 @@ import triton.language as tl
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
-from sgl_eagle_triton.kernels.rounding import mma, round_to
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
 
 VOCAB_TILE = 64  # BLOCK_V: V = 32000 gives 500 programs per row block, enough to keep every SM streaming
 KEY_MIN = tl.constexpr(-(2**63))  # below every candidate: padding and removed candidates
@@ -71,6 +71,7 @@ def _lm_head_tile_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -81,7 +82,7 @@ def _lm_head_tile_kernel(
     # Rows past R and vocabulary past V load clamped (unmasked loads); their results are dropped below.
     safe_rows = tl.minimum(rows, R - 1).to(tl.int64)
     safe_vocab = tl.minimum(vocab, V - 1).to(tl.int64)
-    if FROM_LOGITS:  # x holds the bf16 logits [R, V] (row stride x_row_stride)
+    if FROM_LOGITS:  # x holds the logits [R, V] in DTYPE (row stride x_row_stride)
         acc = tl.load(x_ptr + safe_rows[:, None] * x_row_stride + safe_vocab[None, :]).to(tl.float32)
     else:
         ks = tl.arange(0, BLOCK_K)
@@ -100,8 +101,8 @@ def _lm_head_tile_kernel(
             z = tl.load(x_rows + k).to(tl.float32)
             if HAS_NORM:
                 z = (z * inv[:, None]) * tl.load(norm_weight_ptr + k + ks).to(tl.float32)[None, :]
-            acc = mma(round_to(z, tl.bfloat16), tl.trans(tl.load(w_rows + k)), acc)
-        acc = round_to(acc, tl.bfloat16).to(tl.float32)
+            acc = mma(round_to(z, DTYPE), tl.trans(tl.load(w_rows + k)), acc)
+        acc = round_to(acc, DTYPE).to(tl.float32)
 
     logits = tl.where(vocab[None, :] < V, acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
@@ -180,17 +181,18 @@ def lm_head_topk(
     """Per row of ``x``: the ``topk`` most probable tokens of ``softmax(lm_head(z))``, most probable first.
 
     Args:
-        x:           [R, H] bf16, or fp32 (e.g. the unrounded residual sum that SGLang's fused add-RMSNorm
-                     normalises); unit column stride, any row stride; H a multiple of 16.
-        weight:      [V, H] bf16, contiguous (``nn.Linear`` layout: the LM head over the draft vocabulary).
+        x:           [R, H] in the weight's dtype, or fp32 (e.g. the unrounded residual sum that SGLang's fused
+                     add-RMSNorm normalises); unit column stride, any row stride; H a multiple of 16.
+        weight:      [V, H] bf16 or fp16, contiguous (``nn.Linear`` layout: the LM head over the draft
+                     vocabulary); its dtype is the model's, to which ``rnd`` below rounds.
         topk:        1 .. min(16, V).
-        norm_weight: optional [H] bf16, contiguous: ``z = RMSNorm(x)`` as SGLang's (fp32 ``(x * rstd) * w``
-                     rounded to bf16, ``rstd = 1 / sqrt(mean(x**2) + eps)``); without it ``z = x`` (in bf16).
+        norm_weight: optional [H] in the weight's dtype, contiguous: ``z = RMSNorm(x)`` as SGLang's (fp32
+                     ``rnd((x * rstd) * w)``, ``rstd = 1 / sqrt(mean(x**2) + eps)``); without it ``z = rnd(x)``.
         token_map:   optional [V] int64, contiguous: the ids returned are ``token_map[id]`` (EAGLE-3's
                      ``hot_token_id``).
         out_p, out_index: optional contiguous [R, topk] fp32 / int64 results (allocated when None).
 
-    Logits are ``z @ weight.T`` summed in fp32 and rounded to bf16 (SGLang's bf16 GEMM), ``p = softmax(logits)``
+    Logits are ``rnd(z @ weight.T)`` summed in fp32 (SGLang's 16-bit GEMM), ``p = softmax(logits)``
     in fp32. Returns ``(topk_p, topk_index)`` ranked by logit (so by ``p``), the lower id first on equal
     logits; ``sgl_eagle_triton.reference.lm_head_topk`` spells it out.
 
@@ -199,11 +201,11 @@ def lm_head_topk(
     """
     R, H = x.shape
     V = weight.shape[0]
-    assert x.dtype in (torch.bfloat16, torch.float32) and x.stride(1) == 1 and H % 16 == 0
-    assert weight.dtype == torch.bfloat16 and weight.shape == (V, H) and weight.is_contiguous()
+    assert weight.dtype in MODEL_DTYPES and weight.shape == (V, H) and weight.is_contiguous()
+    assert x.dtype in (weight.dtype, torch.float32) and x.stride(1) == 1 and H % 16 == 0
     assert 1 <= topk <= min(16, V)
     if norm_weight is not None:
-        assert norm_weight.shape == (H,) and norm_weight.is_contiguous()
+        assert norm_weight.shape == (H,) and norm_weight.is_contiguous() and norm_weight.dtype == weight.dtype
     if token_map is not None:
         assert token_map.shape == (V,) and token_map.dtype == torch.int64 and token_map.is_contiguous()
     if out_p is None:
@@ -214,8 +216,8 @@ def lm_head_topk(
     assert out_p.dtype == torch.float32 and out_index.dtype == torch.int64
 
     from_logits = R >= CUBLAS_MIN_ROWS
-    if from_logits:  # many rows: cuBLAS writes the bf16 logits, the tile kernel reads them
-        z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(torch.bfloat16)
+    if from_logits:  # many rows: cuBLAS writes the logits in the weight's dtype, the tile kernel reads them
+        z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
         x = F.linear(z, weight)
     block_r = 16 if R <= 16 else 32 if R <= 32 else 64
     block_k = min(H & -H, 128 if block_r < 64 else 64)  # the largest power of two dividing H, capped
@@ -239,6 +241,7 @@ def lm_head_topk(
         BLOCK_R=block_r,
         BLOCK_V=VOCAB_TILE,
         BLOCK_K=block_k,
+        DTYPE=tl_dtype(weight.dtype),
         **pdl_args(x.device),
         num_warps=4,
         num_stages=4,

@@ -27,6 +27,10 @@ _TL_DTYPES = {
 }
 
 
+# The activation / weight dtypes of the drafter's kernels: one per call, the model's (SGLang's --dtype).
+MODEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
 def tl_dtype(dtype: torch.dtype) -> tl.dtype:
     """The Triton dtype of a torch dtype (``round_to``'s ``DTYPE`` for a launcher's tensor)."""
     return _TL_DTYPES[dtype]
@@ -67,7 +71,7 @@ def round_to(x, DTYPE: tl.constexpr):
     ``tl.bfloat16``, ``tl.float16``, ``tl.float8e4nv`` or ``tl.float8e5``; finite inputs within its range."""
     tl.static_assert(DTYPE == tl.bfloat16 or DTYPE == tl.float16 or DTYPE == tl.float8e4nv or DTYPE == tl.float8e5)
     if INTERPRETED:
-        if DTYPE == tl.bfloat16:  # the top half of the fp32 bits (the interpreter's cast also flushes subnormals)
+        if DTYPE == tl.bfloat16:  # the top half of the fp32 bits (the interpreter's cast also gets subnormals wrong)
             rounded = _round_bits(x, 7, -126).to(tl.uint32, bitcast=True)
             return (rounded >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         elif DTYPE == tl.float8e4nv:  # exactly representable now: the interpreter's cast is exact
