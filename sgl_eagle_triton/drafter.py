@@ -34,7 +34,8 @@ from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
 
 @dataclass
 class DraftWeights:
-    """A one-layer Llama EAGLE draft's tensors (bf16 unless noted), bound by reference to the model's.
+    """A one-layer Llama EAGLE draft's tensors (in the model's dtype, bf16 or fp16, unless noted), bound by
+    reference to the model's.
 
     embed: [V, H] (target vocabulary); qkv: [(Hq + 2 Hkv) D, 2H] (EAGLE-3) or [(Hq + 2 Hkv) D, H];
     o_proj: [H, Hq D]; post_norm: [H]; gate_up: [2I, H]; down: [H, I]; lm_head: [Vd, H];
@@ -70,10 +71,16 @@ class DraftWeights:
     def hidden_size(self) -> int:
         return self.o_proj.shape[0]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype (bf16 or fp16): that of its activations, weights and KV cache."""
+        return self.qkv.dtype
+
 
 def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
-    """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16; the
-    server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference."""
+    """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16 or fp16; the
+    server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference. Raises ValueError
+    for a draft the fused drafter cannot run (its RoPE, or weights not all bf16 or all fp16)."""
     eagle3 = hasattr(model.model.layers[0], "hidden_norm")
     layer = model.model.layers[0]
     attn = layer.self_attn
@@ -106,17 +113,20 @@ def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
         w.final_norm = model.model.norm.weight
     else:
         w.fc, w.fc_bias = model.model.fc.weight, model.model.fc.bias
-    tensors = [t for t in (w.embed, w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head) if t is not None]
-    if any(t.dtype != torch.bfloat16 for t in tensors):
-        raise ValueError(f"the fused drafter runs bf16 drafts only; this draft holds {tensors[0].dtype} weights")
+    tensors = (w.embed, w.qkv, w.o_proj, w.post_norm, w.gate_up, w.down, w.lm_head, w.input_norm, w.hidden_norm,
+               w.final_norm, w.fc, w.fc_bias, w.qkv_bias, w.o_bias)
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t is not None})
+    if dtypes not in (["bfloat16"], ["float16"]):
+        raise ValueError(f"the fused drafter runs drafts whose weights are all bf16 or all fp16; this draft holds "
+                         f"{' and '.join(dtypes)} weights")
     return w
 
 
 class FusedDrafter:
     """Runs the whole draft of one decode cycle for a batch; see the module docstring.
 
-    k_cache / v_cache: the draft layer's KV-pool buffers [slots, Hkv, D] bf16; req_to_token: [reqs, ctx]
-    int32 (SGLang's request-to-slot table).
+    k_cache / v_cache: the draft layer's KV-pool buffers [slots, Hkv, D] in the weights' dtype (bf16 or fp16);
+    req_to_token: [reqs, ctx] int32 (SGLang's request-to-slot table).
     """
 
     def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
@@ -134,9 +144,9 @@ class FusedDrafter:
         and ``all_scores`` [bs, k + (S-1) k^2] fp32 (every candidate's score, as SGLang's ``score_list``).
 
         topk_p: [bs, k] fp32 and topk_index: [bs, k] int64 (the draft extend's top-k, draft vocabulary when
-        the weights have a token map); hidden: [bs, H] bf16 (the carried hidden state); positions: [bs * k]
-        int64 (advanced by ``S - 1`` in place, as SGLang's draft forward does); seq_lens: [bs] int64;
-        req_pool_indices: [bs] int64.
+        the weights have a token map); hidden: [bs, H] in the weights' dtype (the carried hidden state);
+        positions: [bs * k] int64 (advanced by ``S - 1`` in place, as SGLang's draft forward does); seq_lens:
+        [bs] int64; req_pool_indices: [bs] int64.
         """
         w, k, S = self.w, self.topk, self.num_steps
         bs = topk_p.shape[0]
@@ -149,7 +159,7 @@ class FusedDrafter:
         dev = topk_p.device
         T = k + (S - 1) * k * k
 
-        def new(*shape, dtype=torch.bfloat16):
+        def new(*shape, dtype=w.dtype):
             return torch.empty(*shape, dtype=dtype, device=dev)
 
         scores = new(bs, k, dtype=torch.float32)

@@ -18,15 +18,18 @@ def cos_sin_cache(max_pos: int, head_dim: int, theta: float = 10000.0) -> torch.
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
-def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120, seed=0):
-    """``(weights, generator)``: the generator continues the seeded stream for further test inputs."""
+def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120, seed=0,
+                 dtype=torch.bfloat16):
+    """``(weights, generator)``: weights in ``dtype`` (bf16 or fp16; the RoPE table and token map as SGLang's:
+    fp32 and int64); the generator continues the seeded stream for further test inputs. The random draws do
+    not depend on ``dtype``: the same seed gives the same draft rounded to either dtype."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(device)
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
 
     def norm():
-        return (1 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16).to(device)
+        return (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype).to(device)
 
     h_in = 2 * H if eagle3 else H
     qkv_rows = (Hq + 2 * Hkv) * D
@@ -57,24 +60,24 @@ def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, voc
 def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list[int], gen: torch.Generator, device):
     """A batch state for a draft (the inputs SGLang hands ``draft_forward``), as a dict.
 
-    ``k_cache`` / ``v_cache`` [slots, Hkv, D] bf16: a paged pool whose slot 0 is SGLang's padding slot;
+    ``k_cache`` / ``v_cache`` [slots, Hkv, D] in the draft's dtype: a paged pool whose slot 0 is SGLang's padding slot;
     every request owns scattered slots (``req_to_token`` [bs + 1, ctx] int32, a random permutation);
     ``req_pool_indices`` [bs], ``seq_lens`` [bs] (the prefix lengths given), ``positions`` [bs * topk];
     the draft extend's ``topk_p`` [bs, topk] (descending) and ``topk_index`` (distinct draft-vocabulary ids
-    per request), ``hidden`` [bs, H] bf16.
+    per request), ``hidden`` [bs, H] in the draft's dtype.
     """
     Hkv, D = w.num_kv_heads, w.head_dim
     ctx = max(seq_lens) + topk * steps + 4
     slots = 1 + (bs + 1) * ctx
-    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
-    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(torch.bfloat16).to(device)
+    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(w.dtype).to(device)
+    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(w.dtype).to(device)
     req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().to(device)
     req_pool_indices = (torch.randperm(bs, generator=gen) + 1).to(device)
     seq_lens_t = torch.tensor(seq_lens, device=device)
     topk_p = torch.rand(bs, topk, generator=gen).sort(dim=-1, descending=True).values.to(device)
     vocab = w.lm_head.shape[0]
     topk_index = torch.stack([torch.randperm(vocab, generator=gen)[:topk] for _ in range(bs)]).to(device)
-    hidden = torch.randn(bs, w.hidden_size, generator=gen).to(torch.bfloat16).to(device)
+    hidden = torch.randn(bs, w.hidden_size, generator=gen).to(w.dtype).to(device)
     return dict(k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
                 seq_lens=seq_lens_t, positions=seq_lens_t.repeat_interleave(topk), topk_p=topk_p,
                 topk_index=topk_index, hidden=hidden)

@@ -24,7 +24,7 @@ def lowest_bit(t: torch.Tensor) -> float:
 
 def assert_exact(x, weight, norm_weight):
     """Every fp32 partial sum of ``z @ weight.T`` is exact: all are multiples of one unit and below 2**24 units."""
-    z = lm_head_input(x, norm_weight).double()
+    z = lm_head_input(x, weight, norm_weight).double()
     unit = lowest_bit(z) * lowest_bit(weight)
     assert (z.abs() @ weight.double().abs().T).max() < 2**24 * unit
 

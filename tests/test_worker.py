@@ -258,7 +258,7 @@ def test_draft_weights_bind_sglangs_tensors_by_reference(eagle3):
     assert bound.rotary is model.model.layers[0].self_attn.rotary_emb
 
 
-def test_draft_weights_refuse_the_fallback_rope_and_fp16():
+def test_draft_weights_refuse_the_fallback_rope_fp32_and_mixed_dtypes():
     w, _ = random_draft(True, "cpu")
     model = fake_sglang.draft_model(w)
     model.model.layers[0].self_attn.rotary_emb.use_fallback_kernel = True
@@ -266,5 +266,15 @@ def test_draft_weights_refuse_the_fallback_rope_and_fp16():
         draft_weights(model, w.token_map)
     model = fake_sglang.draft_model(w)
     model.model.layers[0].mlp.down_proj.weight = w.down.half()
-    with pytest.raises(ValueError, match="bf16 drafts only"):
+    with pytest.raises(ValueError, match="all bf16 or all fp16; this draft holds bfloat16 and float16 weights"):
         draft_weights(model, w.token_map)
+    w32, _ = random_draft(False, "cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="this draft holds float32 weights"):
+        draft_weights(fake_sglang.draft_model(w32), None)
+
+
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+def test_draft_weights_accept_fp16(eagle3):
+    w, _ = random_draft(eagle3, "cpu", dtype=torch.float16)
+    bound = draft_weights(fake_sglang.draft_model(w), w.token_map)
+    assert bound.dtype == torch.float16 and bound.qkv is w.qkv and bound.down is w.down

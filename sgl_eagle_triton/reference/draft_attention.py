@@ -8,10 +8,11 @@ import torch
 
 
 def rope_neox(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-    """Neox RoPE over the full head of ``x`` [R, H, D] bf16 at ``positions`` [R]: fp32 math, rounded to bf16."""
+    """Neox RoPE over the full head of ``x`` [R, H, D] (bf16 or fp16) at ``positions`` [R]: fp32 math, rounded to
+    ``x``'s dtype."""
     cos, sin = cos_sin_cache[positions][:, None].chunk(2, dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(torch.bfloat16)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def draft_attention(
@@ -38,7 +39,7 @@ def draft_attention(
     Row ``r`` of request ``b = r // topk`` ropes its q and k and stores k and its v at ``chain_k/v[step, r]``.
     Its keys are ``k_cache[req_to_token[req_pool_indices[b], :L_b]]`` followed by ``chain_k[0 .. step, r]``,
     and its values are gathered the same way. Query head ``h`` uses kv head ``h // (Hq / Hkv)``.
-    ``out[r]`` is ``softmax(scale * q.k) . v`` computed in fp32 and stored as bf16.
+    ``out[r]`` is ``softmax(scale * q.k) . v`` computed in fp32 and stored in ``out``'s dtype (the model's).
     """
     rows = req_pool_indices.shape[0] * topk
     heads = qkv.unflatten(1, (-1, head_dim))

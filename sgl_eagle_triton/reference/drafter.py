@@ -31,7 +31,7 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
         x, _ = linear(torch.cat((embeds, hidden), dim=-1), w.fc, bias=w.fc_bias)
         residual = x
     qkv, _ = linear(x, w.qkv, bias=w.qkv_bias)
-    attn = torch.empty(qkv.shape[0], w.num_q_heads * w.head_dim, dtype=torch.bfloat16, device=qkv.device)
+    attn = torch.empty(qkv.shape[0], w.num_q_heads * w.head_dim, dtype=qkv.dtype, device=qkv.device)
     draft_attention(qkv, positions, w.rotary.cos_sin_cache, *kv[:3], kv[3], kv[4], chain_k, chain_v, step, topk,
                     w.num_q_heads, w.num_kv_heads, w.head_dim, w.head_dim**-0.5, attn)
     h1, h1_sum = linear(attn, w.o_proj, bias=w.o_bias, residual=residual)
@@ -52,7 +52,7 @@ def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, posi
     ``forward(step, input_ids, hidden_rows, positions)``, if given, replaces the twin's own draft forward and
     returns its ``(p, index, new hidden)``: a test feeds the twin's selection another drafter's forwards."""
     bs = topk_p.shape[0]
-    chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=torch.bfloat16,
+    chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=w.dtype,
                           device=hidden.device)
     chain_v = torch.empty_like(chain_k)
     p, index = topk_p, (w.token_map[topk_index] if w.token_map is not None else topk_index)

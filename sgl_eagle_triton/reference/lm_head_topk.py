@@ -1,6 +1,7 @@
 """Plain-PyTorch twin of ``kernels.lm_head_topk``: the draft model's last step, from hidden states to the
-``topk`` most probable tokens, as SGLang's EAGLE drafter computes it (final RMSNorm, bf16 LM head,
-``.float()``, softmax, top-k, ``hot_token_id``), with the full logits materialised.
+``topk`` most probable tokens, as SGLang's EAGLE drafter computes it (final RMSNorm, LM head in the model's
+dtype (bf16 or fp16, the weight's), ``.float()``, softmax, top-k, ``hot_token_id``), with the full logits
+materialised.
 """
 
 import torch
@@ -8,18 +9,19 @@ import torch
 from sgl_eagle_triton.reference.rms_norm import rms_norm
 
 
-def lm_head_input(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """``z`` [R, H] bf16: SGLang's RMSNorm of ``x`` (:func:`sgl_eagle_triton.reference.rms_norm.rms_norm`), or
-    ``x`` in bf16."""
-    return x.to(torch.bfloat16) if norm_weight is None else rms_norm(x, norm_weight, eps)
+def lm_head_input(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                  eps: float = 1e-6) -> torch.Tensor:
+    """``z`` [R, H] in the weight's dtype: SGLang's RMSNorm of ``x``
+    (:func:`sgl_eagle_triton.reference.rms_norm.rms_norm`), or ``x`` in that dtype."""
+    return x.to(weight.dtype) if norm_weight is None else rms_norm(x, norm_weight, eps)
 
 
 def lm_head_logits(
     x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6
 ) -> torch.Tensor:
-    """[R, V] fp32 logits holding bf16 values: ``z @ weight.T`` summed in fp32, rounded to bf16 (SGLang's
-    bf16 GEMM output, whose summation order differs), then ``.float()``."""
-    return (lm_head_input(x, norm_weight, eps).float() @ weight.float().T).to(torch.bfloat16).float()
+    """[R, V] fp32 logits holding values of the weight's dtype: ``z @ weight.T`` summed in fp32, rounded to that
+    dtype (SGLang's GEMM output, whose summation order differs), then ``.float()``."""
+    return (lm_head_input(x, weight, norm_weight, eps).float() @ weight.float().T).to(weight.dtype).float()
 
 
 def lm_head_topk(
