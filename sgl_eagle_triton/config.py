@@ -26,6 +26,10 @@ SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagl
 SUPPORTED_DEVICES = ("cuda",)
 MAX_DRAFT_TOKENS = 128  # the build-tree kernel's widest tree (one program holds a whole tree)
 MAX_TOPK = 16  # the fused LM head keeps at most 16 candidates per vocabulary tile
+# SGLang 0.5.17 runs topk > 1 with page size > 1 only on these attention backends (its two-pass paged draft decode,
+# arg_groups/speculative_hook.py); EAGLE_TRITON follows the same rule, since SGLang's draft extend and the target's
+# verify run on them.
+PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
 
 
 class EagleTritonConfigError(ValueError):
@@ -63,9 +67,10 @@ def _check_fused_drafter(sa) -> None:
     rope = getattr(cfg, "rope_scaling", None) or {}
     if "mrope_section" in rope:
         _refuse(f"multimodal RoPE (mrope) drafts ({path})", "Use a text-only Llama draft.")
-    for flag in ("norm_output", "final_logit_softcapping"):
-        if getattr(cfg, flag, None):
-            _refuse(f"drafts with {flag} ({path})", "Use a standard Llama EAGLE draft.")
+    if getattr(cfg, "norm_output", None):
+        _refuse(f"drafts with norm_output ({path})", "Use a standard Llama EAGLE draft.")
+    if getattr(cfg, "final_logit_softcapping", None):
+        _refuse(f"drafts with final_logit_softcapping ({path})", "Use a standard Llama EAGLE draft.")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if head_dim not in (64, 128, 256, 512):
         _refuse(f"draft head_dim {head_dim} ({path})", "Use a draft with head_dim 64, 128, 256 or 512 (SGLang's "
@@ -129,8 +134,6 @@ def _validate(sa) -> None:
         _refuse("--enable-dp-attention", "Drop the flag.")
     if sa.tp_size != 1 or sa.pp_size != 1:
         _refuse(f"tensor/pipeline parallelism (tp={sa.tp_size}, pp={sa.pp_size}) yet", "Use --tp 1 --pp 1.")
-    if (sa.page_size or 1) != 1:
-        _refuse(f"--page-size {sa.page_size} yet", "Use --page-size 1.")
     if sa.disaggregation_mode not in (None, "null"):
         _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
     if sa.enable_lora:
@@ -168,7 +171,8 @@ def _resolve_tree_shape(sa) -> None:
     if n is None:
         _refuse("--speculative-eagle-topk > 1 without --speculative-num-draft-tokens", "Pass the draft token count.")
     if steps < 1 or not 1 <= topk <= MAX_TOPK:
-        _refuse(f"steps={steps}, topk={topk}", f"Use steps >= 1 and 1 <= topk <= {MAX_TOPK}.")
+        _refuse(f"--speculative-num-steps {steps} with --speculative-eagle-topk {topk}",
+                f"Use steps >= 1 and 1 <= topk <= {MAX_TOPK}.")
     max_nodes = 1 + topk + (steps - 1) * topk * topk
     if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
         _refuse(
@@ -176,9 +180,16 @@ def _resolve_tree_shape(sa) -> None:
             f"Use 2 <= draft tokens <= min(1 + topk + (steps-1)*topk^2, {MAX_DRAFT_TOKENS}) = "
             f"{min(max_nodes, MAX_DRAFT_TOKENS)}.",
         )
-    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend}
+    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
     if topk > 1 and "trtllm_mha" in backends:
-        _refuse("topk > 1 with the trtllm_mha attention backend", "Use --speculative-eagle-topk 1 or another backend.")
+        _refuse("--speculative-eagle-topk > 1 with --attention-backend trtllm_mha",
+                "Use --speculative-eagle-topk 1 or another backend.")
+    paged_off = sorted(backends - set(PAGED_TREE_BACKENDS))
+    if topk > 1 and (sa.page_size or 1) > 1 and paged_off:
+        _refuse(f"--speculative-eagle-topk {topk} with --page-size {sa.page_size} on the {', '.join(paged_off)} "
+                "attention backend",
+                f"SGLang runs topk > 1 with page size > 1 only on {', '.join(PAGED_TREE_BACKENDS)}: use one of those, "
+                "--page-size 1 or --speculative-eagle-topk 1.")
     sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
 
 

@@ -25,21 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
-from sgl_eagle_triton.launcher import Server
-from tests.e2e_flags import e2e_server
-from tests.lossless import tie_aware_compare, top2_logprobs
+from tests.e2e import CHAT_TOKENS, MAX_NEW_TOKENS, PROMPTS, e2e_server, serve_all, verdicts
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
-PROMPTS = [
-    "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
-    "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
-    "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",
-    "def binary_search(items, target):\n", "import re\n\npattern = ", "def merge(a, b):\n",
-    "if __name__ == '__main__':\n", "def factorial(n):\n    if n == 0:\n",
-]
-MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
 CONFIGS = [(5, 1, 6), (5, 4, 16)]
 # Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
 # of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
@@ -58,34 +48,6 @@ def _pair(name: str, tmp_path):
     return str(target), str(draft), "EAGLE"
 
 
-def _serve_all(server: Server, with_logprobs: bool) -> dict:
-    """Every request pattern of the test, against one server."""
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in PROMPTS]
-        concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS))
-        return {
-            "generate": [g["output_ids"] for g in seq],
-            "generate_concurrent": [g["output_ids"] for g in concurrent],
-            "completions": [server.completion(p, MAX_NEW_TOKENS) for p in PROMPTS],
-            "chat_concurrent": list(pool.map(lambda p: server.chat(p, CHAT_TOKENS), PROMPTS)),
-            "chat_stream": [server.chat(p, CHAT_TOKENS, stream=True) for p in PROMPTS],
-            "top2": [top2_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
-            "accept_length": statistics.mean(g["meta_info"].get("spec_accept_length", 1.0) for g in seq),
-        }
-
-
-def _verdicts(spec: dict, nospec: dict) -> dict:
-    counts = {"identical": 0, "tie": 0, "bug": 0}
-    bugs = []
-    for key in ("generate", "generate_concurrent"):
-        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"], strict=True)):
-            v = tie_aware_compare(ids, ref, top2)
-            counts[v.kind] += 1
-            if v.kind == "bug":
-                bugs.append((key, i, v.index, v.margin))
-    return {"counts": counts, "bugs": bugs}
-
-
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
 def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
@@ -100,7 +62,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         for s in servers.values():
             s.wait_ready()
         with ThreadPoolExecutor(len(servers)) as pool:
-            answers = pool.map(lambda k: _serve_all(servers[k], k == "nospec"), servers)
+            answers = pool.map(lambda k: serve_all(servers[k], k == "nospec"), servers)
             results = dict(zip(servers, answers, strict=True))
         ours_info = {n: servers[("EAGLE_TRITON", n)].get_json("/server_info")["internal_states"][0]
                      for _, _, n in CONFIGS}
@@ -113,8 +75,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         ours, stock = results[("EAGLE_TRITON", n)], results[(stock_algo, n)]
         entry = {
             "accept_length": {"eagle_triton": ours["accept_length"], "stock": stock["accept_length"]},
-            "vs_nospec": {"eagle_triton": _verdicts(ours, results["nospec"]),
-                          "stock": _verdicts(stock, results["nospec"])},
+            "vs_nospec": {"eagle_triton": verdicts(ours, results["nospec"]),
+                          "stock": verdicts(stock, results["nospec"])},
             "equal_to_stock": {k: ours[k] == stock[k] for k in ours if k not in ("top2", "accept_length")},
         }
         report["configs"][f"{steps},{topk},{n}"] = entry

@@ -25,7 +25,7 @@ import torch
 
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
-from tests.e2e_flags import e2e_server
+from tests.e2e import e2e_server
 from tests.load_mix import (
     CONTEXT_LEN,
     SPEC_TREE,

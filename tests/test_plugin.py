@@ -127,6 +127,24 @@ def test_eagle1_draft_is_detected(eagle1_pair):
     assert algo.is_eagle() and not algo.is_eagle3()
 
 
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("tree", ["3,1,4", "5,4,8"])
+def test_paged_kv_cache_accepted(page, tree):
+    """Page sizes > 1, topk 1 and (on a backend SGLang runs it on) topk > 1: the rows hold the page-aligned
+    reservation SGLang makes for them."""
+    from sglang.srt.mem_cache import kv_cache_configurator
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    steps, topk, n = tree.split(",")
+    sa = _args("--page-size", str(page), "--attention-backend", "triton", "--speculative-num-steps", steps,
+               "--speculative-eagle-topk", topk, "--speculative-num-draft-tokens", n)
+    assert sa.page_size == page and sa.speculative_eagle_topk == int(topk)
+    context = 1024
+    row = context + kv_cache_configurator.get_req_to_token_extra_context_len(sa)
+    assert context + get_alloc_reserve_per_decode(sa) <= row
+    config.check_req_to_token_rows(row, context, sa)
+
+
 def test_topk1_forces_chain_length():
     sa = _args("--speculative-num-steps", "4", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9")
     assert sa.speculative_num_draft_tokens == 5
@@ -164,7 +182,9 @@ def _unsupported_draft(tmp_path):
     [
         (["--speculative-use-rejection-sampling", "--speculative-num-steps", "3",
           "--speculative-eagle-topk", "1"], "--speculative-use-rejection-sampling"),
-        (["--page-size", "16"], "--page-size 16"),
+        (["--page-size", "16", "--attention-backend", "torch_native", "--speculative-num-steps", "3",
+          "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"],
+         "--speculative-eagle-topk 4 with --page-size 16 on the torch_native attention backend"),
         (["--speculative-num-steps", "3", "--speculative-eagle-topk", "4"], "without --speculative-num-draft-tokens"),
         (["--speculative-eagle-topk", "4"], "without --speculative-num-steps"),
         (["--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "9"],

@@ -1,0 +1,81 @@
+"""What the end-to-end tests share (tests/test_e2e_server.py, test_e2e_deploy.py, test_load_fault.py): the flags
+of every test server, :func:`e2e_server`, which starts one through :class:`sgl_eagle_triton.launcher.Server`, the
+code prompts and the request patterns sent to each server (:func:`serve_all`), and the tie-aware comparison of
+a speculative server's greedy outputs with no speculation's (:func:`verdicts`)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sgl_eagle_triton.launcher import Server
+from tests.lossless import tie_aware_compare, top2_logprobs
+
+# The GPU bundle has no FA3/FlashInfer/xgrammar kernels (see README); deterministic inference makes greedy
+# outputs comparable across servers (tests/lossless.py).
+COMMON_ARGS = (
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--enable-deterministic-inference",
+    "--cuda-graph-max-bs", "16",
+    "--max-running-requests", "16",
+    "--mem-fraction-static", "0.85",
+    "--max-total-tokens", "65536",
+)
+
+
+def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,
+               env: Mapping[str, str] | None = None) -> Server:
+    """A started (not yet ready) server with ``COMMON_ARGS``, then ``args`` (a flag given again there wins);
+    its log is ``log_dir/<name>.log``."""
+    return Server(name, model_path, [*COMMON_ARGS, *args], log_dir, env=env)
+
+
+PROMPTS = [
+    "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
+    "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
+    "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",
+    "def binary_search(items, target):\n", "import re\n\npattern = ", "def merge(a, b):\n",
+    "if __name__ == '__main__':\n", "def factorial(n):\n    if n == 0:\n",
+]
+MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
+
+
+def serve_generate(server: Server, with_logprobs: bool) -> dict:
+    """The prompts through ``/generate``, greedy: one by one (with the top-2 log-probs per position when
+    ``with_logprobs``, for :func:`verdicts`), then all at once; and the mean accept length of the former."""
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in PROMPTS]
+        concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS))
+    return {
+        "generate": [g["output_ids"] for g in seq],
+        "generate_concurrent": [g["output_ids"] for g in concurrent],
+        "top2": [top2_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
+        "accept_length": statistics.mean(g["meta_info"].get("spec_accept_length", 1.0) for g in seq),
+    }
+
+
+def serve_all(server: Server, with_logprobs: bool) -> dict:
+    """Every request pattern: :func:`serve_generate`'s, then ``/v1/completions`` one by one and
+    ``/v1/chat/completions`` all at once and streamed."""
+    result = serve_generate(server, with_logprobs)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        result["completions"] = [server.completion(p, MAX_NEW_TOKENS) for p in PROMPTS]
+        result["chat_concurrent"] = list(pool.map(lambda p: server.chat(p, CHAT_TOKENS), PROMPTS))
+    result["chat_stream"] = [server.chat(p, CHAT_TOKENS, stream=True) for p in PROMPTS]
+    return result
+
+
+def verdicts(spec: dict, nospec: dict) -> dict:
+    counts = {"identical": 0, "tie": 0, "bug": 0}
+    bugs = []
+    for key in ("generate", "generate_concurrent"):
+        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"], strict=True)):
+            v = tie_aware_compare(ids, ref, top2)
+            counts[v.kind] += 1
+            if v.kind == "bug":
+                bugs.append((key, i, v.index, v.margin))
+    return {"counts": counts, "bugs": bugs}

@@ -1,0 +1,76 @@
+"""End to end under the flags real deployments pass: for each flag set, servers without speculation, with stock
+EAGLE3 and with EAGLE_TRITON serve the trained tiny pair with the same flags, and answer the code prompts through
+``/generate`` (one by one and all at once, greedy, deterministic inference).
+
+Pass: EAGLE_TRITON is tie-aware equal to no speculation under the same flags (tests/lossless.py), accepts at
+least 98 % of stock's accept length (within 2 %, or more), its ``/server_info`` report shows our kernels ran
+with no error; token-for-token equality with stock is reported. ``E2E_REPORT_DIR`` receives a JSON per flag set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.e2e import e2e_server, serve_generate, verdicts
+from tests.tiny_models import TRAINED_PAIR
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
+
+TARGET, DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
+# flag set -> its arguments and the trees served under it (paged KV: a chain and a tree with topk > 1, which
+# SGLang 0.5.17 runs with paged KV on the triton backend)
+DEPLOYMENTS = {
+    "page16": (["--page-size", "16"], [(5, 1, 6), (5, 4, 16)]),
+    "page64": (["--page-size", "64"], [(5, 1, 6), (5, 4, 16)]),
+    "fp8_e4m3": (["--kv-cache-dtype", "fp8_e4m3"], [(5, 4, 16)]),
+    "fp8_e5m2": (["--kv-cache-dtype", "fp8_e5m2"], [(5, 4, 16)]),
+    "fp16": (["--dtype", "float16"], [(5, 4, 16)]),
+}
+ACCEPT_SHARE = 0.98
+
+
+@pytest.mark.parametrize("deployment", list(DEPLOYMENTS))
+def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
+    flags, trees = DEPLOYMENTS[deployment]
+    servers = {"nospec": e2e_server(f"{deployment}-nospec", TARGET, flags, tmp_path)}
+    for steps, topk, n in trees:
+        spec = [*flags, "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", str(steps),
+                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
+        for algo in ("EAGLE3", "EAGLE_TRITON"):
+            servers[algo, n] = e2e_server(f"{deployment}-{algo}-{steps}-{topk}-{n}", TARGET,
+                                          ["--speculative-algorithm", algo, *spec], tmp_path)
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        with ThreadPoolExecutor(len(servers)) as pool:
+            answers = pool.map(lambda key: serve_generate(servers[key], key == "nospec"), servers)
+            results = dict(zip(servers, answers, strict=True))
+        reports = {n: servers["EAGLE_TRITON", n].get_json("/server_info")["internal_states"][0]["eagle_triton"]
+                   for _, _, n in trees}
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    summary = {"deployment": deployment, "flags": flags, "trees": {}}
+    for steps, topk, n in trees:
+        ours, stock = results["EAGLE_TRITON", n], results["EAGLE3", n]
+        summary["trees"][f"{steps},{topk},{n}"] = {
+            "accept_length": {"eagle_triton": ours["accept_length"], "stock": stock["accept_length"]},
+            "vs_nospec": {"eagle_triton": verdicts(ours, results["nospec"]),
+                          "stock": verdicts(stock, results["nospec"])},
+            "equal_to_stock": {k: ours[k] == stock[k] for k in ("generate", "generate_concurrent")},
+            "kernels_ran": reports[n]["ran"],
+        }
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"deploy-{deployment}.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    for (_, _, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
+        assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
+        accept = entry["accept_length"]
+        assert accept["eagle_triton"] >= ACCEPT_SHARE * accept["stock"], (key, accept)
+        assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]
