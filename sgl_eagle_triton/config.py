@@ -26,6 +26,7 @@ SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagl
 SUPPORTED_DEVICES = ("cuda",)
 MAX_DRAFT_TOKENS = 128  # the build-tree kernel's widest tree (one program holds a whole tree)
 MAX_TOPK = 16  # the fused LM head keeps at most 16 candidates per vocabulary tile
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")  # SGLang's names, all the draft attention reads
 # SGLang 0.5.17 runs topk > 1 with page size > 1 only on these attention backends (its two-pass paged draft decode,
 # arg_groups/speculative_hook.py); EAGLE_TRITON follows the same rule, since SGLang's draft extend and the target's
 # verify run on them.
@@ -52,8 +53,16 @@ def _architecture(model_path: str, trust_remote_code: bool) -> str:
     return (archs or ["<none>"])[0]
 
 
+def _model_dtype(hf_config, dtype: str) -> str:
+    """The dtype SGLang runs a model of ``hf_config`` in under ``--dtype dtype`` (its own rule: ``auto`` takes
+    the checkpoint's, float32 checkpoints as float16), e.g. ``"bfloat16"``."""
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+
+    return str(_get_and_verify_dtype(hf_config, dtype)).removeprefix("torch.")
+
+
 def _check_fused_drafter(sa) -> None:
-    """Refuse drafts the fused drafter (one Llama layer, SiLU MLP, full neox RoPE, bf16) cannot run."""
+    """Refuse drafts the fused drafter (one Llama layer, SiLU MLP, full neox RoPE, bf16 or fp16) cannot run."""
     cfg = _hf_config(sa.speculative_draft_model_path, sa.trust_remote_code)
     path = sa.speculative_draft_model_path
     if cfg.num_hidden_layers != 1:
@@ -77,10 +86,14 @@ def _check_fused_drafter(sa) -> None:
                 "fused RoPE path, whose fp32 cos/sin table the fused drafter reads).")
     if not getattr(cfg, "rope_is_neox_style", True):
         _refuse(f"non-neox RoPE drafts ({path})", "Use a Llama draft with neox-style RoPE.")
-    dtype = sa.dtype if sa.dtype != "auto" else str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", ""))
-    dtype = dtype.replace("torch.", "")
-    if dtype not in ("bfloat16", "bf16"):
-        _refuse(f"--dtype {sa.dtype} with a {dtype} draft", "The Triton kernels run bf16; pass --dtype bfloat16.")
+    target_cfg = _hf_config(sa.model_path, sa.trust_remote_code)
+    draft_dtype, target_dtype = _model_dtype(cfg, sa.dtype), _model_dtype(target_cfg, sa.dtype)
+    if draft_dtype not in ("bfloat16", "float16"):
+        _refuse(f"--dtype {sa.dtype} with a {draft_dtype} draft ({path})",
+                "The Triton kernels run bf16 or fp16; pass --dtype bfloat16 or --dtype float16.")
+    if draft_dtype != target_dtype:
+        _refuse(f"--dtype {sa.dtype} serving a {target_dtype} target with a {draft_dtype} draft",
+                "Pass --dtype bfloat16 or --dtype float16 so that both run in one dtype.")
 
 
 def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:
@@ -147,8 +160,9 @@ def _validate(sa) -> None:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
         _refuse("--enable-fp32-lm-head yet (the fused drafter's LM head computes bf16 logits)", "Drop the flag.")
-    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
-        _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet", "Use --kv-cache-dtype auto.")
+    if sa.kv_cache_dtype not in KV_CACHE_DTYPES:
+        _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet (the draft attention reads 16-bit and FP8 pools)",
+                f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
 def _resolve_tree_shape(sa) -> None:

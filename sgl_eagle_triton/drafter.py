@@ -125,12 +125,14 @@ def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
 class FusedDrafter:
     """Runs the whole draft of one decode cycle for a batch; see the module docstring.
 
-    k_cache / v_cache: the draft layer's KV-pool buffers [slots, Hkv, D] in the weights' dtype (bf16 or fp16);
-    req_to_token: [reqs, ctx] int32 (SGLang's request-to-slot table).
+    k_cache / v_cache: the draft layer's KV-pool buffers [slots, Hkv, D] in the weights' dtype (bf16 or fp16) or
+    an FP8 format (``--kv-cache-dtype fp8_e4m3 / fp8_e5m2``), whose scales are ``k_scale`` / ``v_scale`` (the
+    draft attention layer's, 1 without); req_to_token: [reqs, ctx] int32 (SGLang's request-to-slot table).
     """
 
     def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor):
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                 k_scale: float = 1.0, v_scale: float = 1.0):
         self.w = weights
         self.topk = topk
         self.num_steps = num_steps
@@ -138,6 +140,7 @@ class FusedDrafter:
         self.k_cache = k_cache
         self.v_cache = v_cache
         self.req_to_token = req_to_token
+        self.kv_scales = k_scale, v_scale
 
     def draft(self, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
         """``(parent_list [bs, k(S-1)+1], top_scores_index [bs, n-1], draft_tokens [bs, n-1])``, all int64,
@@ -177,7 +180,7 @@ class FusedDrafter:
             h1, s = new(R, H), new(R, H)
             h1_sum, s_sum = new(R, H, dtype=torch.float32), new(R, H, dtype=torch.float32)
             act = new(R, w.gate_up.shape[0] // 2)
-            chain_k = new(S - 1, R, w.num_kv_heads, D)
+            chain_k = new(S - 1, R, w.num_kv_heads, D, dtype=self.k_cache.dtype)  # quantised as the pool
             chain_v = torch.empty_like(chain_k)
             p = new(R, k, dtype=torch.float32)
             index = new(R, k, dtype=torch.int64)
@@ -192,7 +195,7 @@ class FusedDrafter:
             linear(attn_in, w.qkv, qkv, bias=w.qkv_bias)
             draft_attention(qkv, step_positions, w.rotary.cos_sin_cache, self.k_cache, self.v_cache,
                             self.req_to_token, req_pool_indices, seq_lens, chain_k, chain_v, step, k,
-                            w.num_q_heads, w.num_kv_heads, D, D**-0.5, attn)
+                            w.num_q_heads, w.num_kv_heads, D, D**-0.5, attn, *self.kv_scales)
             linear(attn, w.o_proj, h1, bias=w.o_bias, residual=residual, out_sum=h1_sum)
             linear(h1_sum, w.gate_up, act, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
             linear(act, w.down, s, residual=h1, out_sum=s_sum)

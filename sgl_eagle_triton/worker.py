@@ -169,15 +169,18 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                                        self.target_worker.model_config.context_len, self.server_args)
         weights = draft_weights(self.draft_runner.model, self.hot_token_id)
         pool = self.draft_runner.token_to_kv_pool
-        layer_id = self.draft_runner.model.model.layers[0].self_attn.attn.layer_id
+        attn = self.draft_runner.model.model.layers[0].self_attn.attn  # the draft layer's RadixAttention
         self.fused_drafter = FusedDrafter(
             weights,
             self.topk,
             self.speculative_num_steps,
             self.speculative_num_draft_tokens,
-            pool.get_key_buffer(layer_id),
-            pool.get_value_buffer(layer_id),
+            pool.get_key_buffer(attn.layer_id),
+            pool.get_value_buffer(attn.layer_id),
             self.req_to_token_pool.req_to_token,
+            # an FP8 pool's scales, as SGLang's attention backends read them (none without checkpoint scales)
+            getattr(attn, "k_scale_float", None) or 1.0,
+            getattr(attn, "v_scale_float", None) or 1.0,
         )
 
     def draft_forward(self, forward_batch):

@@ -199,9 +199,9 @@ def _unsupported_draft(tmp_path):
         (["--tp", "2"], "tensor/pipeline parallelism (tp=2, pp=1)"),
         (["--pp-size", "2"], "tensor/pipeline parallelism (tp=1, pp=2)"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
-        (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
-        (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
+        (["--kv-cache-dtype", "fp4_e2m1"], "--kv-cache-dtype fp4_e2m1"),
+        (["--dtype", "float32"], "--dtype float32 with a float32 draft"),
         (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
     ],
 )
@@ -227,7 +227,7 @@ def test_unsupported_draft_architecture(tmp_path):
         (dict(head_dim=24), "draft head_dim 24"),
         (dict(head_dim=32), "draft head_dim 32"),
         (dict(rope_is_neox_style=False), "non-neox RoPE drafts"),
-        (dict(torch_dtype="float16"), "with a float16 draft"),
+        (dict(torch_dtype="float32", dtype="float32"), "serving a bfloat16 target with a float16 draft"),
     ],
 )
 def test_unsupported_draft_config_refused(tmp_path, changes, message):
@@ -235,9 +235,15 @@ def test_unsupported_draft_config_refused(tmp_path, changes, message):
         _args(draft=_draft_with(tmp_path, **changes))
 
 
-def test_fp16_serving_refused():
-    with pytest.raises(EagleTritonConfigError, match=re.escape("--dtype float16")):
-        _args("--dtype", "float16")
+@pytest.mark.parametrize("extra, dtype", [(["--dtype", "float16"], "float16"), (["--dtype", "half"], "half"),
+                                          (["--dtype", "bfloat16"], "bfloat16"), ([], "auto")])
+def test_fp16_and_bf16_serving_accepted(extra, dtype):
+    assert _args(*extra).dtype == dtype
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2", "bf16", "auto"])
+def test_fp8_kv_cache_accepted(kv):
+    assert _args("--kv-cache-dtype", kv).kv_cache_dtype == kv
 
 
 def test_topk_beyond_lm_head_limit_refused():

@@ -19,9 +19,15 @@ Two kernels. Their grids depend only on (bs, topk, model dims), so the op is CUD
 
 ``SPLIT`` is the power of two that gives kernel 1 about two waves over the SMs (:func:`num_splits`).
 Scores are kept in the log2 domain (``scale * log2(e)`` folded in, ``exp2``). Both kernels round the
-roped q and k to the model's dtype (bf16 or fp16: that of qkv, the KV pool, the chain and the output) before
-the dot. The probabilities enter kernel 1's P.V product in that dtype, as in flash attention; everything else
-is fp32.
+roped q and k to the model's dtype (bf16 or fp16: that of qkv and the output) before the dot. The
+probabilities enter kernel 1's P.V product in that dtype, as in flash attention; everything else is fp32.
+
+FP8 KV cache (the pool and the chain in ``float8_e4m3fn`` or ``float8_e5m2``, SGLang's
+``--kv-cache-dtype fp8_e4m3 / fp8_e5m2``): keys and values stay in their quantised units, exactly representable
+in the model's dtype, and the layer's scales are applied once: ``k_scale`` to the scores, ``v_scale`` to the
+output. The chain entries are quantised as SGLang stores the draft's own KV (``set_kv_buffer``): the model-dtype
+k (v) divided by its scale, rounded to the model's dtype, then to the FP8 format, so that our draft steps see the
+cache SGLang's draft decode would see.
 """
 
 import math
@@ -32,7 +38,7 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
-from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
+from sgl_eagle_triton.kernels.rounding import FP8_KV_DTYPES, MODEL_DTYPES, mma, round_to, tl_dtype
 
 
 @triton.jit
@@ -111,8 +117,9 @@ def _prefix_kernel(
     while n0 < end:
         in_chunk = n < end
         kv_offs = slots[:, None] * slot_stride + kv_head * head_stride + d
-        k = tl.load(k_cache_ptr + kv_offs, mask=in_chunk[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=in_chunk[:, None], other=0.0)
+        # An FP8 pool's values are exact in the model's dtype (its scales are applied outside).
+        k = tl.load(k_cache_ptr + kv_offs, mask=in_chunk[:, None], other=0.0).to(DTYPE)
+        v = tl.load(v_cache_ptr + kv_offs, mask=in_chunk[:, None], other=0.0).to(DTYPE)
         n0 += BLOCK_N
         n = n0 + tl.arange(0, BLOCK_N)
         slots = tl.load(token_row + n, mask=n < end, other=0).to(tl.int64)
@@ -149,6 +156,8 @@ def _chain_merge_kernel(
     out_ptr,
     out_stride,
     qk_scale,
+    k_scale,
+    v_scale,
     step,
     GROUP: tl.constexpr,
     HQ: tl.constexpr,
@@ -157,6 +166,7 @@ def _chain_merge_kernel(
     SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
     DTYPE: tl.constexpr,
+    KV_DTYPE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     wait_for_prior(USE_GDC)
@@ -170,6 +180,9 @@ def _chain_merge_kernel(
     k = _roped(qkv_row, (HQ + kv_head) * D, pos, cos_sin_ptr, cos_sin_stride, D, DTYPE)
     d = tl.arange(0, D)[None, :]
     v = tl.load(qkv_row + (HQ + HKV + kv_head) * D + d)
+    if KV_DTYPE != DTYPE:  # as SGLang stores a quantised entry: (x / scale) in the model's dtype, then FP8
+        k = round_to(round_to(k.to(tl.float32) / k_scale, DTYPE).to(tl.float32), KV_DTYPE)
+        v = round_to(round_to(v.to(tl.float32) / v_scale, DTYPE).to(tl.float32), KV_DTYPE)
     chain = row * chain_row_stride + kv_head * chain_head_stride + d
     tl.store(chain_k_ptr + step * chain_step_stride + chain, k)
     tl.store(chain_v_ptr + step * chain_step_stride + chain, v)
@@ -205,7 +218,7 @@ def _chain_merge_kernel(
         acc = acc * alpha[:, None] + acc_s * beta[:, None]
         m_i = m_new
 
-    out = round_to(acc / l_i[:, None], DTYPE)
+    out = round_to(acc / l_i[:, None] * v_scale, DTYPE)  # v_scale: 1 unless the values are quantised
     tl.store(out_ptr + row * out_stride + head[:, None] * D + d, out, mask=(g < GROUP)[:, None])
 
 
@@ -234,6 +247,8 @@ def draft_attention(
     head_dim: int,
     scale: float,
     out: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Draft-decode attention of ``R = bs * topk`` rows (row ``r`` belongs to request ``r // topk``).
     Writes ``out`` and ``chain_k/v[step, :R]`` and returns ``out``.
@@ -243,9 +258,12 @@ def draft_attention(
         qkv              [R, (Hq + 2 Hkv) D] bf16 or fp16: raw (pre-RoPE) q heads, k heads, v heads; any row stride.
         positions        [R] int64: position of each row's token (``L_b + step``).
         cos_sin_cache    [max_pos, D] fp32: cos in columns ``< D / 2``, sin after (neox RoPE over all of D).
-        k_cache, v_cache [slots, Hkv, D] bf16 / fp16: the draft layer's KV pool (prefix KV, already roped).
+        k_cache, v_cache [slots, Hkv, D] model dtype, or float8_e4m3fn / float8_e5m2 (an FP8 pool): the draft
+                         layer's KV pool (prefix KV, already roped); ``k_scale`` / ``v_scale``: the layer's scales
+                         of an FP8 pool (1 without scales; ignored otherwise).
         req_to_token     [reqs, ctx] int32; req_pool_indices [bs] int64; seq_lens [bs] int64 (``L_b``).
-        chain_k, chain_v [S_max, R_max, Hkv, D] bf16 / fp16: per-row chain, entries ``0 .. step - 1`` already written.
+        chain_k, chain_v [S_max, R_max, Hkv, D] the pool's dtype: per-row chain, entries ``0 .. step - 1``
+                         already written.
     Output:
         out              [R, Hq D] bf16 / fp16: q head ``h`` attends with kv head ``h // (Hq / Hkv)`` over the
                          prefix, then chain entries ``0 .. step``; scores times ``scale``, fp32 softmax.
@@ -263,14 +281,17 @@ def draft_attention(
     assert out.shape == (rows, num_q_heads * head_dim) and out.stride(1) == 1
     assert positions.shape == (rows,) and cos_sin_cache.shape[1] == head_dim and cos_sin_cache.is_contiguous()
     assert cos_sin_cache.dtype == torch.float32
-    assert qkv.dtype in MODEL_DTYPES and all(t.dtype == qkv.dtype for t in (k_cache, v_cache, chain_k, chain_v, out))
+    assert qkv.dtype in MODEL_DTYPES and out.dtype == qkv.dtype
+    assert k_cache.dtype in (qkv.dtype, *FP8_KV_DTYPES) and all(
+        t.dtype == k_cache.dtype for t in (v_cache, chain_k, chain_v))
+    quantised = k_cache.dtype != qkv.dtype
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1 and req_to_token.stride(1) == 1
     assert chain_k.stride() == chain_v.stride() and chain_k.stride(3) == 1
     assert 0 <= step < chain_k.shape[0] and rows <= chain_k.shape[1]
     split = num_splits(bs, num_kv_heads, qkv.device)
     part_acc = torch.empty(rows, num_q_heads, split, head_dim, dtype=torch.float32, device=qkv.device)
     part_ml = torch.empty(rows, num_q_heads, split, 2, dtype=torch.float32, device=qkv.device)
-    qk_scale = scale * math.log2(math.e)
+    qk_scale = scale * math.log2(math.e) * (k_scale if quantised else 1.0)
     rope = (qkv, qkv.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0))
 
     block_m = max(16, triton.next_power_of_2(topk * group))  # tl.dot needs >= 16 rows
@@ -310,6 +331,8 @@ def draft_attention(
         out,
         out.stride(0),
         qk_scale,
+        k_scale if quantised else 1.0,
+        v_scale if quantised else 1.0,
         step,
         GROUP=group,
         HQ=num_q_heads,
@@ -318,6 +341,7 @@ def draft_attention(
         SPLIT=split,
         BLOCK_G=triton.next_power_of_2(group),
         DTYPE=tl_dtype(qkv.dtype),
+        KV_DTYPE=tl_dtype(k_cache.dtype),
         **pdl_args(qkv.device),
         num_warps=2,
     )

@@ -29,6 +29,8 @@ _TL_DTYPES = {
 
 # The activation / weight dtypes of the drafter's kernels: one per call, the model's (SGLang's --dtype).
 MODEL_DTYPES = (torch.bfloat16, torch.float16)
+# The FP8 formats of a KV pool the draft attention reads (SGLang's --kv-cache-dtype fp8_e4m3 / fp8_e5m2).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def tl_dtype(dtype: torch.dtype) -> tl.dtype:

@@ -21,7 +21,8 @@ def _gap(values: torch.Tensor, k: int) -> torch.Tensor:
 def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v, margins=None):
     """One draft forward: ``(topk_p [R, k], topk_index [R, k] target ids, new hidden [R, H])``.
 
-    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens) as for the attention twin. ``margins``:
+    kv = (k_cache, v_cache, req_to_token, req_pool_indices, seq_lens[, k_scale, v_scale]) as for the attention
+    twin (the scales of an FP8 pool; 1 when left out); chain_k / chain_v in the pool's dtype. ``margins``:
     a list that receives each row's relative gap between its ``k``-th and ``k+1``-th probability [R]."""
     embeds = w.embed[input_ids]
     if w.eagle3:
@@ -32,8 +33,8 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
         residual = x
     qkv, _ = linear(x, w.qkv, bias=w.qkv_bias)
     attn = torch.empty(qkv.shape[0], w.num_q_heads * w.head_dim, dtype=qkv.dtype, device=qkv.device)
-    draft_attention(qkv, positions, w.rotary.cos_sin_cache, *kv[:3], kv[3], kv[4], chain_k, chain_v, step, topk,
-                    w.num_q_heads, w.num_kv_heads, w.head_dim, w.head_dim**-0.5, attn)
+    draft_attention(qkv, positions, w.rotary.cos_sin_cache, *kv[:5], chain_k, chain_v, step, topk,
+                    w.num_q_heads, w.num_kv_heads, w.head_dim, w.head_dim**-0.5, attn, *kv[5:7])
     h1, h1_sum = linear(attn, w.o_proj, bias=w.o_bias, residual=residual)
     act, _ = linear(h1_sum, w.gate_up, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
     s, s_sum = linear(act, w.down, residual=h1)
@@ -46,13 +47,12 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
 
 def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv, forward=None):
     """``(parent_list, top_scores_index, draft_tokens, all_scores)`` and ``positions`` advanced by ``S - 1`` in place;
-    arguments as :meth:`FusedDrafter.draft` with kv = (k_cache, v_cache, req_to_token, req_pool_indices,
-    seq_lens).
+    arguments as :meth:`FusedDrafter.draft` with kv as for :func:`draft_step`.
 
     ``forward(step, input_ids, hidden_rows, positions)``, if given, replaces the twin's own draft forward and
     returns its ``(p, index, new hidden)``: a test feeds the twin's selection another drafter's forwards."""
     bs = topk_p.shape[0]
-    chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=w.dtype,
+    chain_k = torch.empty(max(num_steps - 1, 1), bs * topk, w.num_kv_heads, w.head_dim, dtype=kv[0].dtype,
                           device=hidden.device)
     chain_v = torch.empty_like(chain_k)
     p, index = topk_p, (w.token_map[topk_index] if w.token_map is not None else topk_index)
