@@ -29,9 +29,10 @@ def clone_case(case):
     return dict(copy, qkv=row_strided(case["qkv"]))
 
 
-def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None):
-    """Keyword arguments of ``draft_attention``, on ``device``. Shapes depend on ``seq_lens`` only
-    through ``ctx`` (default ``max(seq_lens) + 8``), the width of ``req_to_token``.
+def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None, dtype=torch.bfloat16):
+    """Keyword arguments of ``draft_attention``, on ``device``, activations and KV in ``dtype`` (the model's).
+    Shapes depend on ``seq_lens`` only through ``ctx`` (default ``max(seq_lens) + 8``), the width of
+    ``req_to_token``.
 
     ``qkv`` has a row stride wider than its width. Every slot of ``req_to_token`` is distinct and
     scattered over the pool, and slot 0 is never used. The chain's other steps, the spare chain rows
@@ -40,7 +41,7 @@ def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None):
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+        return torch.randn(*shape, generator=gen).to(dtype)
 
     bs, rows, width = len(seq_lens), len(seq_lens) * topk, (hq + 2 * hkv) * d
     reqs, ctx = bs + 2, ctx or max(seq_lens) + 8
@@ -70,7 +71,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check(case):
-    """Run kernel and twin on copies of one case. ``out`` must agree to bf16 precision and the whole
+    """Run kernel and twin on copies of one case. ``out`` must agree to 16-bit precision and the whole
     chain must match: step ``step`` rows ``< R`` written, everything else untouched."""
     expected = clone_case(case)
     draft_attention_ref(**expected)
@@ -96,16 +97,28 @@ def test_matches_reference(device, seq_lens, topk, hq, hkv, d, step):
     check(make_case(device, seq_lens, topk, hq, hkv, d, step))
 
 
+@pytest.mark.parametrize(
+    "seq_lens, topk, hq, hkv, d, step",
+    [
+        ([100], 1, 4, 2, 16, 3),  # several key blocks per split chunk
+        ([12, 30, PAD, PAD], 3, 4, 1, 32, 4),  # padded CUDA-graph requests, one kv head
+    ],
+)
+def test_fp16(device, seq_lens, topk, hq, hkv, d, step):
+    check(make_case(device, seq_lens, topk, hq, hkv, d, step, dtype=torch.float16))
+
+
 @pytest.mark.gpu
 class TestCuda:
     """Llama-3.1-8B draft shapes: Hq 32, Hkv 8, D 128, prefixes up to 4096."""
 
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
     @pytest.mark.parametrize("bs", [1, 8, 32])
     @pytest.mark.parametrize("topk", [1, 8])
-    def test_real_shapes(self, bs, topk):
+    def test_real_shapes(self, bs, topk, dtype):
         gen = torch.Generator().manual_seed(bs * 10 + topk)
         seq_lens = [4096, 1, *torch.randint(1, 4097, (bs,), generator=gen).tolist()][:bs]
-        check(make_case("cuda", seq_lens, topk, 32, 8, 128, step=3, seed=bs + topk))
+        check(make_case("cuda", seq_lens, topk, 32, 8, 128, step=3, seed=bs + topk, dtype=dtype))
 
     def test_cuda_graph_replay(self):
         """Captured once, the launch handles fresh lengths, slots, positions and activations."""

@@ -12,13 +12,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-def run_case(device, M, N, K, *, bias=False, norm=False, silu_mul=False, residual=False, x_fp32=False, seed=0):
+def run_case(device, M, N, K, *, bias=False, norm=False, silu_mul=False, residual=False, x_fp32=False, seed=0,
+             dtype=torch.bfloat16):
+    """One call of ``linear`` against the twin; every tensor in ``dtype`` (the model's) but ``x`` with ``x_fp32``."""
     gen = torch.Generator().manual_seed(seed)
 
-    def rand(*shape, scale=1.0, dtype=torch.bfloat16):
+    def rand(*shape, scale=1.0, dtype=dtype):
         return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
 
-    x = rand(M, K + 3, dtype=torch.float32 if x_fp32 else torch.bfloat16)[:, :K]  # row stride > K
+    x = rand(M, K + 3, dtype=torch.float32 if x_fp32 else dtype)[:, :K]  # row stride > K
     w = rand(2 * N if silu_mul else N, K, scale=K**-0.5)
     kwargs = dict(
         bias=rand(N) if bias else None,
@@ -27,10 +29,11 @@ def run_case(device, M, N, K, *, bias=False, norm=False, silu_mul=False, residua
         silu_mul=silu_mul,
         residual=rand(M, N) if residual else None,
     )
-    out = torch.empty(M, N, dtype=torch.bfloat16, device=device)
+    out = torch.empty(M, N, dtype=dtype, device=device)
     out_sum = torch.empty(M, N, dtype=torch.float32, device=device) if residual else None
     linear(x, w, out, out_sum=out_sum, **kwargs)
     expected, expected_sum = linear_ref(x, w, **kwargs)
+    assert expected.dtype == dtype
     assert rel_err(out, expected) < 1e-2
     if residual:
         assert rel_err(out_sum, expected_sum) < 1e-2
@@ -59,7 +62,19 @@ def test_fused_variants(device, M, flags):
     run_case(device, M, 72, 96, **flags)
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [dict(), dict(norm=True, x_fp32=True, silu_mul=True), dict(bias=True, residual=True)],
+    ids=lambda f: "-".join(f) or "plain",
+)
+@pytest.mark.parametrize("M", [5, 40])
+def test_fp16(device, M, flags):
+    """An fp16 model: the Triton GEMM and the cuBLAS path round to fp16 as the twin does."""
+    run_case(device, M, 72, 96, dtype=torch.float16, **flags)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("M", [1, 8, 64, 256])
 @pytest.mark.parametrize(
     "N,K,flags",
@@ -71,8 +86,8 @@ def test_fused_variants(device, M, flags):
         (4096, 8192, dict(bias=True)),  # EAGLE-1 fc
     ],
 )
-def test_llama8b_draft_shapes(M, N, K, flags):
-    run_case("cuda", M, N, K, **flags)
+def test_llama8b_draft_shapes(M, N, K, flags, dtype):
+    run_case("cuda", M, N, K, dtype=dtype, **flags)
 
 
 @pytest.mark.parametrize("M, N, K, silu, x_bytes, stages",

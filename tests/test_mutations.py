@@ -114,7 +114,7 @@ def test_rms_norm_without_its_weight_fails(monkeypatch, device):
     rms_norm = test_rms_norm.rms_norm
     monkeypatch.setattr(test_rms_norm, "rms_norm", lambda x, weight, eps: rms_norm(x, torch.ones_like(weight), eps))
     with pytest.raises(AssertionError):
-        test_rms_norm.test_matches_reference(device, 3, 96, torch.bfloat16)
+        test_rms_norm.test_matches_reference(device, 3, 96, "model", torch.bfloat16)
 
 
 def test_lm_head_topk_second_best_first_fails(monkeypatch, device):
