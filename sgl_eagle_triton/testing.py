@@ -57,21 +57,28 @@ def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, voc
     return w, gen
 
 
-def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list[int], gen: torch.Generator, device):
+def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list[int], gen: torch.Generator, device,
+                 kv_dtype: torch.dtype | None = None, kv_scales: tuple[float, float] = (1.0, 1.0), page_size: int = 1):
     """A batch state for a draft (the inputs SGLang hands ``draft_forward``), as a dict.
 
-    ``k_cache`` / ``v_cache`` [slots, Hkv, D] in the draft's dtype: a paged pool whose slot 0 is SGLang's padding slot;
-    every request owns scattered slots (``req_to_token`` [bs + 1, ctx] int32, a random permutation);
-    ``req_pool_indices`` [bs], ``seq_lens`` [bs] (the prefix lengths given), ``positions`` [bs * topk];
-    the draft extend's ``topk_p`` [bs, topk] (descending) and ``topk_index`` (distinct draft-vocabulary ids
-    per request), ``hidden`` [bs, H] in the draft's dtype.
+    ``k_cache`` / ``v_cache`` [slots, Hkv, D] in the draft's dtype, or ``kv_dtype`` (an FP8 pool: random values
+    over their scale, quantised; ``k_scale`` / ``v_scale`` = ``kv_scales``): a pool of ``page_size``-slot pages
+    whose first page is SGLang's padding; every request owns scattered whole pages (``req_to_token``
+    [bs + 1, ctx] int32, slots consecutive within a page); ``req_pool_indices`` [bs], ``seq_lens`` [bs] (the
+    prefix lengths given), ``positions`` [bs * topk]; the draft extend's ``topk_p`` [bs, topk] (descending) and
+    ``topk_index`` (distinct draft-vocabulary ids per request), ``hidden`` [bs, H] in the draft's dtype.
     """
     Hkv, D = w.num_kv_heads, w.head_dim
-    ctx = max(seq_lens) + topk * steps + 4
-    slots = 1 + (bs + 1) * ctx
-    k_cache = torch.randn(slots, Hkv, D, generator=gen).to(w.dtype).to(device)
-    v_cache = torch.randn(slots, Hkv, D, generator=gen).to(w.dtype).to(device)
-    req_to_token = (torch.randperm(slots - 1, generator=gen) + 1).view(bs + 1, ctx).int().to(device)
+    pages_per_row = -(-(max(seq_lens) + topk * steps + 4) // page_size)
+    ctx = pages_per_row * page_size
+    slots = (1 + (bs + 1) * pages_per_row) * page_size
+    k_cache, v_cache = (torch.randn(slots, Hkv, D, generator=gen).to(w.dtype) for _ in range(2))
+    if kv_dtype is not None:
+        k_cache, v_cache = ((c / s).to(w.dtype).to(kv_dtype) for c, s in zip((k_cache, v_cache), kv_scales,
+                                                                                strict=True))
+    pages = (torch.randperm(slots // page_size - 1, generator=gen) + 1).view(bs + 1, pages_per_row, 1)
+    req_to_token = (pages * page_size + torch.arange(page_size)).view(bs + 1, ctx).int().to(device)
+    k_cache, v_cache = k_cache.to(device), v_cache.to(device)
     req_pool_indices = (torch.randperm(bs, generator=gen) + 1).to(device)
     seq_lens_t = torch.tensor(seq_lens, device=device)
     topk_p = torch.rand(bs, topk, generator=gen).sort(dim=-1, descending=True).values.to(device)
@@ -80,7 +87,8 @@ def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list
     hidden = torch.randn(bs, w.hidden_size, generator=gen).to(w.dtype).to(device)
     return dict(k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
                 seq_lens=seq_lens_t, positions=seq_lens_t.repeat_interleave(topk), topk_p=topk_p,
-                topk_index=topk_index, hidden=hidden)
+                topk_index=topk_index, hidden=hidden, k_scale=kv_scales[0], v_scale=kv_scales[1])
+
 
 def draft_tree(bs: int, topk: int, steps: int, n: int, gen: torch.Generator):
     """``(parent_list, selected_index)`` as SGLang's EAGLE draft makes them.

@@ -29,10 +29,12 @@ def clone_case(case):
     return dict(copy, qkv=row_strided(case["qkv"]))
 
 
-def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None, dtype=torch.bfloat16):
-    """Keyword arguments of ``draft_attention``, on ``device``, activations and KV in ``dtype`` (the model's).
-    Shapes depend on ``seq_lens`` only through ``ctx`` (default ``max(seq_lens) + 8``), the width of
-    ``req_to_token``.
+def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None, dtype=torch.bfloat16, kv_dtype=None,
+              kv_scales=(1.0, 1.0)):
+    """Keyword arguments of ``draft_attention``, on ``device``, activations in ``dtype`` (the model's), the KV pool
+    and chain in ``kv_dtype`` (default ``dtype``; an FP8 format: random values / their scale, quantised, and
+    ``kv_scales`` passed as ``k_scale`` / ``v_scale``). Shapes depend on ``seq_lens`` only through ``ctx`` (default
+    ``max(seq_lens) + 8``), the width of ``req_to_token``.
 
     ``qkv`` has a row stride wider than its width. Every slot of ``req_to_token`` is distinct and
     scattered over the pool, and slot 0 is never used. The chain's other steps, the spare chain rows
@@ -61,7 +63,12 @@ def make_case(device, seq_lens, topk, hq, hkv, d, step, seed=0, ctx=None, dtype=
         chain_v=randn(step + 2, rows + 3, hkv, d),
         out=randn(rows, hq * d),
     )
-    case = {name: t.to(device) for name, t in case.items()}
+    if kv_dtype is not None:
+        for name, kv_scale in (("k_cache", kv_scales[0]), ("v_cache", kv_scales[1]), ("chain_k", kv_scales[0]),
+                               ("chain_v", kv_scales[1])):
+            case[name] = (case[name] / kv_scale).to(dtype).to(kv_dtype)
+        case.update(k_scale=kv_scales[0], v_scale=kv_scales[1])
+    case = {name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in case.items()}
     dims = dict(step=step, topk=topk, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, scale=d**-0.5)
     return dict(case, qkv=row_strided(case["qkv"]), **dims)
 
@@ -80,7 +87,7 @@ def check(case):
     assert draft_attention(**got) is got["out"]
     assert rel_err(got["out"], expected["out"]) < 1e-2
     for name in ("chain_k", "chain_v"):
-        torch.testing.assert_close(got[name], expected[name], msg=name)
+        assert torch.equal(got[name].view(torch.uint8), expected[name].view(torch.uint8)), name
 
 
 @pytest.mark.parametrize(
@@ -108,6 +115,18 @@ def test_fp16(device, seq_lens, topk, hq, hkv, d, step):
     check(make_case(device, seq_lens, topk, hq, hkv, d, step, dtype=torch.float16))
 
 
+FP8_KV = [(torch.float8_e4m3fn, (0.75, 1.5)), (torch.float8_e5m2, (1.0, 1.0))]
+
+
+@pytest.mark.parametrize("kv_dtype, kv_scales", FP8_KV, ids=["e4m3-scaled", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp8_kv_cache(device, kv_dtype, kv_scales, dtype):
+    """An FP8 pool and chain (SGLang's --kv-cache-dtype fp8_e4m3 / fp8_e5m2): the prefix read in quantised
+    units with the scales applied once, the step's own k / v quantised into the chain bit for bit as the twin
+    (SGLang's set_kv_buffer) quantises them."""
+    check(make_case(device, [1, 40, 17], 4, 4, 2, 32, 2, dtype=dtype, kv_dtype=kv_dtype, kv_scales=kv_scales))
+
+
 @pytest.mark.gpu
 class TestCuda:
     """Llama-3.1-8B draft shapes: Hq 32, Hkv 8, D 128, prefixes up to 4096."""
@@ -119,6 +138,13 @@ class TestCuda:
         gen = torch.Generator().manual_seed(bs * 10 + topk)
         seq_lens = [4096, 1, *torch.randint(1, 4097, (bs,), generator=gen).tolist()][:bs]
         check(make_case("cuda", seq_lens, topk, 32, 8, 128, step=3, seed=bs + topk, dtype=dtype))
+
+    @pytest.mark.parametrize("kv_dtype, kv_scales", FP8_KV, ids=["e4m3-scaled", "e5m2"])
+    @pytest.mark.parametrize("bs", [1, 8])
+    def test_real_shapes_fp8_kv(self, bs, kv_dtype, kv_scales):
+        gen = torch.Generator().manual_seed(bs)
+        seq_lens = [4096, *torch.randint(1, 4097, (bs,), generator=gen).tolist()][:bs]
+        check(make_case("cuda", seq_lens, 8, 32, 8, 128, step=3, seed=bs, kv_dtype=kv_dtype, kv_scales=kv_scales))
 
     def test_cuda_graph_replay(self):
         """Captured once, the launch handles fresh lengths, slots, positions and activations."""

@@ -52,7 +52,8 @@ def recorded_draft(monkeypatch, w, batch, topk, steps, n):
         forwards[-1] += [out_p.clone(), out_index.clone()]
         return result
 
-    drafter = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
+    drafter = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"],
+                           batch["k_scale"], batch["v_scale"])
     positions = batch["positions"].clone()
     with monkeypatch.context() as patch:
         patch.setattr(drafter_module, "draft_input", draft_input)
@@ -65,9 +66,10 @@ def recorded_draft(monkeypatch, w, batch, topk, steps, n):
 def check_draft(outputs, positions, forwards, w, batch, topk, steps, n):
     """The two checks of the module docstring; returns the forwards' ``(rows with a near-tie, rows)``."""
     assert len(forwards) == steps - 1 and all(len(f) == 3 for f in forwards)
-    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"))
+    kv = tuple(batch[key] for key in ("k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens", "k_scale",
+                                      "v_scale"))
     chain_k = torch.empty(max(steps - 1, 1), batch["topk_p"].shape[0] * topk, w.num_kv_heads, w.head_dim,
-                          dtype=w.dtype, device=batch["hidden"].device)
+                          dtype=batch["k_cache"].dtype, device=batch["hidden"].device)
     chain_v = torch.empty_like(chain_k)
     near_tie, prob_rtol, prob_median = BOUNDS[w.dtype]
     counts = [0, 0]
@@ -101,10 +103,12 @@ def check_draft(outputs, positions, forwards, w, batch, topk, steps, n):
     return tuple(counts)
 
 
-def run_case(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens, seed=0, dtype=torch.bfloat16, **dims):
+def run_case(monkeypatch, device, eagle3, bs, topk, steps, n, seq_lens, seed=0, dtype=torch.bfloat16, kv=None,
+             **dims):
+    """``kv``: ``random_batch``'s pool options (FP8 format and scales, page size)."""
     w, gen = random_draft(eagle3, device, seed=seed, dtype=dtype, **dims)
     assert w.dtype == dtype
-    batch = random_batch(w, bs, topk, steps, seq_lens, gen, device)
+    batch = random_batch(w, bs, topk, steps, seq_lens, gen, device, **(kv or {}))
     outputs, positions, forwards = recorded_draft(monkeypatch, w, batch, topk, steps, n)
     return check_draft(outputs, positions, forwards, w, batch, topk, steps, n)
 
@@ -134,6 +138,29 @@ def test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, eagle3, bs
 def test_fp16_draft_matches_teacher_forced_twin(monkeypatch, device, eagle3, case):
     """An fp16 draft (a server started with ``--dtype float16``), on a few of the cases (CPU time)."""
     test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, eagle3, *case, dtype=torch.float16)
+
+
+KV_POOLS = {  # SGLang's --kv-cache-dtype fp8_e4m3 (with checkpoint scales) / fp8_e5m2 and --page-size 16
+    "fp8_e4m3": dict(kv_dtype=torch.float8_e4m3fn, kv_scales=(0.75, 1.5)),
+    "fp8_e5m2": dict(kv_dtype=torch.float8_e5m2),
+    "page16": dict(page_size=16),
+}
+
+
+@pytest.mark.parametrize("pool", list(KV_POOLS))
+def test_kv_pools_match_teacher_forced_twin(monkeypatch, device, pool):
+    """FP8 pools (the chain quantised as SGLang stores the draft's own KV) and a paged pool."""
+    bs, topk, steps, n, seq_lens = CASES[4]
+    run_case(monkeypatch, device, True, bs, topk, steps, n, seq_lens, seed=7, kv=KV_POOLS[pool])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool", list(KV_POOLS))
+@pytest.mark.parametrize("bs,topk,steps,n", [(1, 8, 5, 32), (8, 4, 3, 16)])
+def test_cuda_kv_pools(monkeypatch, pool, bs, topk, steps, n):
+    lens = [100 + 997 * i % 3000 for i in range(bs)]
+    run_case(monkeypatch, "cuda", True, bs, topk, steps, n, lens, H=512, Hq=8, Hkv=2, D=64, inter=1024,
+             vocab=4000, draft_vocab=2000, kv=KV_POOLS[pool])
 
 
 @pytest.mark.gpu
