@@ -87,7 +87,16 @@ def check(case):
     assert draft_attention(**got) is got["out"]
     assert rel_err(got["out"], expected["out"]) < 1e-2
     for name in ("chain_k", "chain_v"):
-        assert torch.equal(got[name].view(torch.uint8), expected[name].view(torch.uint8)), name
+        g, e = got[name], expected[name]
+        if g.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            # Bit for bit under the interpreter; compiled RoPE may differ from torch's by a 16-bit ulp, which
+            # moves an FP8 rounding by at most one FP8 step (2^-3 / 2^-2 relative): a wrong scale moves more.
+            step = 2.0**-3 if g.dtype == torch.float8_e4m3fn else 2.0**-2
+            torch.testing.assert_close(g.float(), e.float(), rtol=step, atol=0, msg=name)
+            if g.device.type == "cpu":
+                assert torch.equal(g.view(torch.uint8), e.view(torch.uint8)), name
+        else:
+            torch.testing.assert_close(g, e, msg=name)
 
 
 @pytest.mark.parametrize(

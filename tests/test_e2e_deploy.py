@@ -2,7 +2,8 @@
 EAGLE3 and with EAGLE_TRITON serve the trained tiny pair with the same flags, and answer the code prompts through
 ``/generate`` (one by one and all at once, greedy, deterministic inference).
 
-Pass: EAGLE_TRITON is tie-aware equal to no speculation under the same flags (tests/lossless.py), accepts at
+Pass: EAGLE_TRITON is tie-aware equal to no speculation under the same flags (tests/lossless.py; under an FP8
+KV cache, where stock EAGLE3 itself departs from no speculation, ours departs at no other place), accepts at
 least 98 % of stock's accept length (within 2 %, or more), its ``/server_info`` report shows our kernels ran
 with no error; token-for-token equality with stock is reported. ``E2E_REPORT_DIR`` receives a JSON per flag set.
 """
@@ -31,6 +32,10 @@ DEPLOYMENTS = {
     "fp16": (["--dtype", "float16"], [(5, 4, 16)]),
 }
 ACCEPT_SHARE = 0.98
+# Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
+# places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
+# same ones. There, ours may depart only where stock does (as lossless as SGLang's speculative path).
+STOCK_DEPARTS = {"fp8_e4m3", "fp8_e5m2"}
 
 
 @pytest.mark.parametrize("deployment", list(DEPLOYMENTS))
@@ -70,7 +75,9 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"deploy-{deployment}.json"), "w") as f:
             json.dump(summary, f, indent=1)
     for (_, _, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
-        assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
+        ours, stock = ({tuple(b[:3]) for b in entry["vs_nospec"][s]["bugs"]} for s in ("eagle_triton", "stock"))
+        allowed = stock if deployment in STOCK_DEPARTS else set()
+        assert ours <= allowed, (key, entry["vs_nospec"])
         accept = entry["accept_length"]
         assert accept["eagle_triton"] >= ACCEPT_SHARE * accept["stock"], (key, accept)
         assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]
