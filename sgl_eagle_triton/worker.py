@@ -63,8 +63,8 @@ _SGLANG_NAMES = (
 
 
 CALL_SITES = (
-    # (owner, caller): SGLang's ``owner.caller`` must reach ``module.name`` (a global it looks up, which we rebind
-    # while it runs) or, with ``module`` None, the method ``name`` (which our subclasses override).
+    # (owner, method, module, name): SGLang's ``owner.method`` must reach ``module.name`` (a global it looks up, which
+    # we rebind while it runs; it must exist) or, with ``module`` None, the method ``name`` (which we override).
     (EAGLEWorkerV2, "__init__", eagle_worker_v2, "EagleDraftWorker"),
     (EAGLEWorkerV2, "alloc_memory_pool", None, "alloc_memory_pool"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
@@ -118,7 +118,9 @@ def check_call_sites() -> None:
     "triton" banner."""
     problems = [f"{module.__name__}.{name} (missing)" for module, name in _SGLANG_NAMES if not hasattr(module, name)]
     for owner, attr, module, name in CALL_SITES:
-        if not reaches(getattr(owner, attr), module, name):
+        if module is not None and not hasattr(module, name):
+            problems.append(f"{module.__name__}.{name} (missing)")
+        elif not reaches(getattr(owner, attr), module, name):
             target = f"{module.__name__}.{name}" if module is not None else f"the method {name}"
             where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
             problems.append(f"{where}.{attr} no longer reaches {target}")

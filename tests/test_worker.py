@@ -74,9 +74,10 @@ def test_a_wrapped_method_that_still_calls_through_passes(monkeypatch):
     worker.check_call_sites()
 
 
-def test_a_missing_name_refuses_to_start(monkeypatch):
-    monkeypatch.delattr(eagle_utils, "_verify_coins")
-    with pytest.raises(RuntimeError, match=r"eagle_utils\._verify_coins \(missing\)"):
+@pytest.mark.parametrize("module, name", [(eagle_utils, "_verify_coins"), (eagle_worker_common, "eagle_sample")])
+def test_a_missing_name_refuses_to_start(monkeypatch, module, name):
+    monkeypatch.delattr(module, name)
+    with pytest.raises(RuntimeError, match=rf"{module.__name__.split('.')[-1]}\.{name} \(missing\)"):
         worker.check_call_sites()
 
 
