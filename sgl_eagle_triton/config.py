@@ -94,6 +94,9 @@ def _check_fused_drafter(sa) -> None:
     if draft_dtype != target_dtype:
         _refuse(f"--dtype {sa.dtype} serving a {target_dtype} target with a {draft_dtype} draft",
                 "Pass --dtype bfloat16 or --dtype float16 so that both run in one dtype.")
+    if sa.kv_cache_dtype in ("bf16", "bfloat16") and draft_dtype != "bfloat16":
+        _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} with a {draft_dtype} model (the draft attention reads a pool "
+                "in the model's dtype or FP8)", "Use --kv-cache-dtype auto, fp8_e4m3 or fp8_e5m2.")
 
 
 def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:

@@ -202,6 +202,7 @@ def _unsupported_draft(tmp_path):
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
         (["--kv-cache-dtype", "fp4_e2m1"], "--kv-cache-dtype fp4_e2m1"),
         (["--dtype", "float32"], "--dtype float32 with a float32 draft"),
+        (["--dtype", "float16", "--kv-cache-dtype", "bf16"], "--kv-cache-dtype bf16 with a float16 model"),
         (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
     ],
 )
