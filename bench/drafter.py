@@ -1,6 +1,11 @@
 """Fused-drafter benchmark at Llama-3.1-8B EAGLE-3 draft shapes (random weights, ~1k-token paged prefixes).
 
     python -m bench.drafter [--out bench/results]        (on a GPU, from the repository root)
+    python -m bench.drafter --kv-formats [--out ...]      whole draft under each KV format and page size
+
+With ``--kv-formats`` only the whole-draft rows run, once per KV format (``KV_FORMATS``: bf16 / page 1, bf16 /
+page 16, FP8 e4m3 / page 1, FP8 e4m3 / page 16, in that order and then again reversed, so neither end of the run
+is favoured; each row is the mean of its two timings) and write ``<date>-<gpu>-drafter-kv.json`` / ``.md``.
 
 Rows: the whole draft of one decode cycle (``FusedDrafter.draft``: S - 1 forwards + selections + prune)
 inside a CUDA graph, as SGLang's draft graph runner replays it, and per op of one step: our ``linear``
@@ -33,6 +38,7 @@ DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32]
 PREFIX = 1024
+KV_FORMATS = [(None, 1), (None, 16), (torch.float8_e4m3fn, 1), (torch.float8_e4m3fn, 16)]  # (FP8 pool or None, page)
 COLD_BYTES = 256 << 20  # per-op rows stream this many weight bytes per repetition (5x an H100's L2)
 
 
@@ -45,11 +51,14 @@ def weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in (w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head))
 
 
-def draft_once(w, steps, topk, n, bs):
-    """A repeatable draft of a random batch (``bs`` requests, ``PREFIX``-token prefixes): a function that runs
+def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1):
+    """A repeatable draft of a random batch (``bs`` requests, ``PREFIX``-token prefixes in a pool of
+    ``page_size``-slot pages, FP8 when ``kv_dtype`` is given, with scales 0.5 / 0.25): a function that runs
     ``FusedDrafter.draft`` and puts the positions it advanced back."""
-    b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda")
-    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"])
+    scales = (0.5, 0.25) if kv_dtype is not None else (1.0, 1.0)
+    b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda",
+                     kv_dtype=kv_dtype, kv_scales=scales, page_size=page_size)
+    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"], *scales)
 
     def run():
         drafter.draft(b["topk_p"], b["topk_index"], b["hidden"], b["positions"], b["seq_lens"], b["req_pool_indices"])
@@ -58,13 +67,53 @@ def draft_once(w, steps, topk, n, bs):
     return run
 
 
-def bench_draft(w, steps, topk, n, bs, bandwidth):
-    t = graph_us(draft_once(w, steps, topk, n, bs))
+def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1):
+    t = graph_us(draft_once(w, steps, topk, n, bs, kv_dtype, page_size))
     forwards = steps - 1
-    kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * 2  # each request's prefix K and V, bf16
+    kv_item = 2 if kv_dtype is None else 1
+    kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * kv_item  # each request's prefix K and V
     floor = forwards * (weight_bytes(w) + kv_bytes) / bandwidth * 1e6
     return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
+                kv_cache_dtype=kv_name(kv_dtype), page_size=page_size,
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
+
+
+def kv_name(kv_dtype) -> str:
+    return "bf16" if kv_dtype is None else {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[kv_dtype]
+
+
+def bench_kv_formats(w, bandwidth) -> list[dict]:
+    """Whole-draft rows per KV format and page size: every format timed twice, in ``KV_FORMATS`` order and then
+    reversed, the row keeping the mean (and both timings)."""
+    cases = [(cfg, bs, kv) for cfg in CONFIGS for bs in BATCHES for kv in KV_FORMATS]
+    timings: dict = {}
+    for order in (cases, cases[::-1]):
+        for cfg, bs, (kv_dtype, page) in order:
+            row = bench_draft(w, *cfg, bs, bandwidth, kv_dtype, page)
+            timings.setdefault((cfg, bs, kv_dtype, page), []).append(row)
+            print(row, flush=True)
+    rows = []
+    for first, second in timings.values():
+        t = (first["graph_us"] + second["graph_us"]) / 2
+        rows.append({**first, "graph_us": t, "runs_us": [first["graph_us"], second["graph_us"]],
+                     "over_floor": t / first["floor_us"]})
+    return rows
+
+
+def kv_markdown(rows, gpu, bandwidth) -> str:
+    base = {(r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r["graph_us"] for r in rows
+            if r["kv_cache_dtype"] == "bf16" and r["page_size"] == 1}
+    lines = [f"# Fused drafter per KV format on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)",
+             "", f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s. Whole draft of one cycle in a CUDA graph, us (mean of "
+             "two timings, formats run forward then reversed). FP8 pools: scales 0.5 / 0.25; floor counts 1-byte KV.",
+             "", "| steps,topk,n | batch | KV | page | ours us | floor us | ours / floor | vs bf16 page 1 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = (r["steps"], r["topk"], r["draft_tokens"], r["batch"])
+        lines.append(f"| {r['steps']},{r['topk']},{r['draft_tokens']} | {r['batch']} | {r['kv_cache_dtype']} | "
+                     f"{r['page_size']} | {r['graph_us']:.0f} | {r['floor_us']:.0f} | {r['over_floor']:.2f} | "
+                     f"{r['graph_us'] / base[cfg]:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def chain_kernels(w, steps, topk, n, bs) -> list[dict]:
@@ -158,8 +207,16 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
 
 
 def main():
-    out_dir, gpu, bandwidth = gpu_run_setup(__doc__)
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats",))
     w, _ = random_draft(True, "cuda", **DIMS)
+    if args.kv_formats:
+        rows = bench_kv_formats(w, bandwidth)
+        stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter-kv"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=rows), indent=1))
+        (out_dir / f"{stamp}.md").write_text(kv_markdown(rows, gpu, bandwidth))
+        print(kv_markdown(rows, gpu, bandwidth))
+        return
     draft_rows = []
     for steps, topk, n in CONFIGS:
         for bs in BATCHES:

@@ -180,18 +180,22 @@ OPS = [
 ]
 
 
-def gpu_run_setup(doc: str) -> tuple[Path, str, float]:
+def gpu_run_setup(doc: str, switches: tuple[str, ...] = ()) -> tuple[Path, str, float, argparse.Namespace]:
     """What every GPU benchmark starts with: ``(--out folder, default bench/results; the GPU's name; its
-    measured copy bandwidth in bytes/s)``, its CLI described by the module docstring ``doc``."""
+    measured copy bandwidth in bytes/s; the parsed CLI)``, its CLI described by the module docstring ``doc``
+    and taking ``--out`` and the on/off ``switches`` (e.g. ``"--kv-formats"``)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    return Path(parser.parse_args().out), torch.cuda.get_device_name(), copy_bandwidth()
+    for switch in switches:
+        parser.add_argument(switch, action="store_true")
+    args = parser.parse_args()
+    return Path(args.out), torch.cuda.get_device_name(), copy_bandwidth(), args
 
 
 def main():
     import sglang
 
-    out_dir, gpu, bandwidth = gpu_run_setup(__doc__)
+    out_dir, gpu, bandwidth, _ = gpu_run_setup(__doc__)
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3

@@ -26,3 +26,13 @@ def test_drafter_markdown():
     assert "batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
         drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
     assert drafter.gpu_run_setup is kernels.gpu_run_setup
+
+
+def test_drafter_kv_markdown_compares_each_format_with_bf16_page1():
+    rows = [dict(steps=5, topk=8, draft_tokens=32, batch=8, kv_cache_dtype=kv, page_size=page, graph_us=t,
+                 floor_us=500.0, over_floor=t / 500.0)
+            for kv, page, t in (("bf16", 1, 1000.0), ("bf16", 16, 1010.0), ("fp8_e4m3", 1, 950.0))]
+    table = drafter.kv_markdown(rows, "GPU X", 3e12)
+    assert "| 5,8,32 | 8 | bf16 | 16 | 1010 | 500 | 2.02 | 1.010 |" in table
+    assert "| 5,8,32 | 8 | fp8_e4m3 | 1 | 950 | 500 | 1.90 | 0.950 |" in table
+    assert [kv for kv, _ in drafter.KV_FORMATS][:1] == [None] and drafter.kv_name(None) == "bf16"

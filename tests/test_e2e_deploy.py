@@ -30,6 +30,7 @@ DEPLOYMENTS = {
     "fp8_e4m3": (["--kv-cache-dtype", "fp8_e4m3"], [(5, 4, 16)]),
     "fp8_e5m2": (["--kv-cache-dtype", "fp8_e5m2"], [(5, 4, 16)]),
     "fp16": (["--dtype", "float16"], [(5, 4, 16)]),
+    "flashinfer": (["--attention-backend", "flashinfer"], [(5, 1, 6), (5, 4, 16)]),
 }
 ACCEPT_SHARE = 0.98
 # Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
