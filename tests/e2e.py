@@ -13,8 +13,8 @@ from pathlib import Path
 from sgl_eagle_triton.launcher import Server
 from tests.lossless import tie_aware_compare, top2_logprobs
 
-# The GPU bundle has no FA3 or xgrammar kernels and FlashInfer's JIT-compile on the host (docs/gpu.md); deterministic inference makes greedy
-# outputs comparable across servers (tests/lossless.py).
+# The GPU bundle has no FA3 or xgrammar kernels; FlashInfer's JIT-compile on the host (docs/gpu.md).
+# Deterministic inference makes greedy outputs comparable across servers (tests/lossless.py).
 COMMON_ARGS = (
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
