@@ -6,7 +6,8 @@ works where SGLang cannot run.
 
 - :class:`Server` starts the server in its own process session on 127.0.0.1, a free ``--port`` and a
   free ``--nccl-port`` (unless the arguments pass one: several servers started at once on one host
-  otherwise collide on it, EADDRINUSE), logging stdout and stderr to ``<log_dir>/<name>.log``;
+  otherwise collide on it, EADDRINUSE; nor with data-parallel replicas, ``--dp`` > 1: SGLang 0.5.17 gives a
+  passed port to every replica, which then collide on it), logging stdout and stderr to ``<log_dir>/<name>.log``;
   :meth:`Server.wait_ready` polls ``/health`` and gives up as soon as the process dies;
   :meth:`Server.stop` ends the whole process group (SIGTERM, then SIGKILL after a grace period).
 - :class:`Client` (which :class:`Server` is) wraps the HTTP requests callers make: JSON GET / POST,
@@ -54,6 +55,23 @@ def free_port() -> int:
 def passes_flag(args: Sequence[str], flag: str) -> bool:
     """Whether ``args`` pass ``flag``, as ``--flag VALUE`` or ``--flag=VALUE``."""
     return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def flag_value(args: Sequence[str], *names: str) -> str | None:
+    """The value ``args`` give the flag spelled any of ``names`` (the last one given), or None."""
+    value = None
+    for i, a in enumerate(args):
+        for name in names:
+            if a == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif a.startswith(name + "="):
+                value = a.split("=", 1)[1]
+    return value
+
+
+def data_parallel(args: Sequence[str]) -> bool:
+    """Whether ``args`` ask for more than one data-parallel replica."""
+    return int(flag_value(args, "--dp", "--dp-size", "--data-parallel-size") or 1) > 1
 
 
 def launch_command(model_path: str, args: Sequence[str], port: int, nccl_port: int | None = None,
@@ -214,11 +232,12 @@ class Server(Client):
     """``python -m sglang.launch_server --model-path MODEL_PATH ... ARGS``, started at construction in its own
     process session (its own process group, so :meth:`stop` reaches the scheduler and detokenizer processes it
     spawns), on 127.0.0.1 and ``port`` (default: a free one), with a free ``--nccl-port`` unless ``args`` pass
-    one. Its stdout and stderr go to ``log_dir/<name>.log``, whose first line is the command. ``env`` is added
-    to this process's environment (plus ``PYTHONUNBUFFERED=1``); ``program`` replaces
+    one or ask for data-parallel replicas (SGLang then picks a free port per replica). Its stdout and stderr
+    go to ``log_dir/<name>.log``, whose first line is the command. ``env`` is added to this process's
+    environment (plus ``PYTHONUNBUFFERED=1``); ``program`` replaces
     ``python -m sglang.launch_server`` (tests run a stub). A context manager: leaving it calls :meth:`stop`.
 
-    Attributes: ``name``, ``port``, ``nccl_port`` (None when ``args`` pass one), ``url``, ``command``,
+    Attributes: ``name``, ``port``, ``nccl_port`` (None when ``args`` pass one or ask for replicas), ``url``, ``command``,
     ``log_path``, ``proc`` (the :class:`subprocess.Popen`; its pid is the process group's id)."""
 
     def __init__(self, name: str, model_path: str, args: Sequence[str], log_dir: str | os.PathLike,
@@ -226,7 +245,7 @@ class Server(Client):
                  program: Sequence[str] = LAUNCH_SERVER):
         self.name = name
         self.port = port or free_port()
-        self.nccl_port = None if passes_flag(args, NCCL_PORT_FLAG) else free_port()
+        self.nccl_port = None if passes_flag(args, NCCL_PORT_FLAG) or data_parallel(args) else free_port()
         super().__init__(f"http://{HOST}:{self.port}")
         self.command = launch_command(model_path, args, self.port, self.nccl_port, program)
         self.log_path = Path(log_dir) / f"{name}.log"

@@ -53,6 +53,16 @@ def test_launch_command():
         launcher.launch_command("M", ["--port", "1"], port=1234)
 
 
+def test_data_parallel_replicas_get_no_fixed_nccl_port():
+    # SGLang 0.5.17 gives a passed --nccl-port to every replica, which then collide on it (seen: EADDRINUSE)
+    assert launcher.launch_command("M", ["--dp", "2"], port=1, nccl_port=None)[-2:] == ["--dp", "2"]
+    for args in (["--dp", "2"], ["--dp-size=4"], ["--data-parallel-size", "2"]):
+        assert launcher.data_parallel(args)
+    for args in ([], ["--dp", "1"], ["--tp", "2"]):
+        assert not launcher.data_parallel(args)
+    assert launcher.flag_value(["--dp", "2", "--dp=3"], "--dp") == "3"
+
+
 def test_free_ports_are_never_handed_out_twice():
     ports = [launcher.free_port() for _ in range(50)]
     assert len(set(ports)) == 50
