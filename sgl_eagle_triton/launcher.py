@@ -237,8 +237,8 @@ class Server(Client):
     environment (plus ``PYTHONUNBUFFERED=1``); ``program`` replaces
     ``python -m sglang.launch_server`` (tests run a stub). A context manager: leaving it calls :meth:`stop`.
 
-    Attributes: ``name``, ``port``, ``nccl_port`` (None when ``args`` pass one or ask for replicas), ``url``, ``command``,
-    ``log_path``, ``proc`` (the :class:`subprocess.Popen`; its pid is the process group's id)."""
+    Attributes: ``name``, ``port``, ``nccl_port`` (None when ``args`` pass one or ask for replicas), ``url``,
+    ``command``, ``log_path``, ``proc`` (the :class:`subprocess.Popen`; its pid is the process group's id)."""
 
     def __init__(self, name: str, model_path: str, args: Sequence[str], log_dir: str | os.PathLike,
                  env: Mapping[str, str] | None = None, port: int | None = None,
