@@ -13,6 +13,7 @@ Plain attribute reads and writes only: SGLang >= 0.5.23 passes a write-recording
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -127,11 +128,58 @@ def current_draft_kind() -> str:
     return kind
 
 
+_adaptive_requested = False  # whether this process's server asked for --speculative-adaptive
+
+
 def validate_before_defaults(sa) -> None:
-    """SGLang's ``validate_server_args`` hook: runs before SGLang resolves speculative defaults, which
-    would otherwise switch an unsupported ``--speculative-adaptive`` off with only a warning."""
+    """SGLang's ``validate_server_args`` hook: runs before SGLang resolves speculative defaults and its adaptive
+    parameters (which would switch an ``--speculative-adaptive`` it cannot run off with only a warning)."""
+    global _adaptive_requested
+    _adaptive_requested = bool(sa.speculative_adaptive)
     if sa.speculative_adaptive:
-        _refuse("--speculative-adaptive", "Drop the flag and set the steps/topk/draft tokens explicitly.")
+        _check_adaptive(sa)
+
+
+def _check_adaptive(sa) -> None:
+    """``--speculative-adaptive`` as stock EAGLE3 serves it: candidate chains (topk 1) and steps 0 (no draft), one
+    runtime state per candidate step count, switched by SGLang's controller; refused wherever SGLang would refuse
+    it for EAGLE3 (its own rules, :func:`stock_adaptive_reason`) rather than letting SGLang switch it off."""
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+    if sa.speculative_eagle_topk not in (None, 1):
+        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {sa.speculative_eagle_topk} yet (adaptive "
+                "shapes are chains, as stock EAGLE3's)",
+                "Use --speculative-eagle-topk 1 or drop --speculative-adaptive.")
+    reason = stock_adaptive_reason(sa)
+    if reason is not None:
+        _refuse(f"--speculative-adaptive with {reason}", "Drop --speculative-adaptive or the setting it names.")
+    candidates = resolve_candidate_steps_from_config(sa.speculative_adaptive_config)  # SGLang's checks of the file
+    if max(candidates) + 1 > MAX_DRAFT_TOKENS:
+        _refuse(f"--speculative-adaptive candidate steps {max(candidates)}",
+                f"Use candidate_steps of at most {MAX_DRAFT_TOKENS - 1} (a chain of steps + 1 draft tokens).")
+
+
+def stock_adaptive_reason(sa, original=None) -> str | None:
+    """Why SGLang 0.5.17 would not run ``--speculative-adaptive`` with these args were they stock EAGLE3's (its
+    ``adaptive_unsupported_reason``, or ``original``), or None."""
+    if original is None:
+        from sglang.srt.speculative import adaptive_spec_params
+
+        original = adaptive_spec_params.adaptive_unsupported_reason
+    as_eagle3 = copy.copy(sa)
+    as_eagle3.speculative_algorithm = "EAGLE3"
+    return original(as_eagle3)
+
+
+ADAPTIVE_REASON_TARGET = "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason"
+
+
+def adaptive_reason(original, server_args, *args, **kwargs):
+    """Around-hook on SGLang's ``adaptive_unsupported_reason``, which allows EAGLE / EAGLE3 only: an EAGLE_TRITON
+    server is judged by EAGLE3's rules (its own refusals ran before, in :func:`validate_before_defaults`)."""
+    if getattr(server_args, "speculative_algorithm", None) == "EAGLE_TRITON":
+        return stock_adaptive_reason(server_args, original)
+    return original(server_args, *args, **kwargs)
 
 
 def _validate(sa) -> None:
@@ -157,8 +205,6 @@ def _validate(sa) -> None:
     if getattr(sa, "enable_unified_memory", False):
         # Its pools size req_to_token rows without get_req_to_token_extra_context_len (see req_to_token_headroom).
         _refuse("--enable-unified-memory yet", "Drop the flag.")
-    if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or -1) > 0:
-        _refuse("SGLANG_SIMULATE_ACC_LEN (simulated acceptance)", "Unset it, or use EAGLE/EAGLE3 to simulate.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -211,11 +257,16 @@ def _resolve_tree_shape(sa) -> None:
 
 
 def handle_server_args(sa) -> None:
-    """Validate, fill defaults and export the draft kind; mutates ``sa`` in place."""
+    """Validate, fill defaults and export the draft kind; mutates ``sa`` in place. Under ``--speculative-adaptive``
+    SGLang has already set the initial steps (a candidate), topk 1 and draft tokens = steps + 1."""
     _validate(sa)
+    if _adaptive_requested and not sa.speculative_adaptive:
+        _refuse("--speculative-adaptive here: SGLang switched it off (its warning says why; is sgl-eagle-triton's "
+                f"hook on {ADAPTIVE_REASON_TARGET} loaded?)", "Drop --speculative-adaptive.")
     os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
     _check_fused_drafter(sa)
-    _resolve_tree_shape(sa)
+    if not sa.speculative_adaptive:
+        _resolve_tree_shape(sa)
     if sa.max_running_requests is None:
         sa.max_running_requests = 48
     if sa.enable_mixed_chunk:

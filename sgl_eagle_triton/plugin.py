@@ -12,8 +12,9 @@ taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
 It also registers two hooks through SGLang's plugin hook registry (applied by ``load_plugins`` in every
 process, in a scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`,
 which sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
-and row overwrite near the context limit; other algorithms are left as they are), and :func:`report_kernels`,
-which adds the worker's kernel report to ``/server_info``.
+and row overwrite near the context limit; other algorithms are left as they are), :func:`report_kernels`,
+which adds the worker's kernel report to ``/server_info``, and :func:`sgl_eagle_triton.config.adaptive_reason`,
+which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def _register_hooks() -> None:
         return
     HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
     HookRegistry.register(INTERNAL_STATE_TARGET, report_kernels, HookType.AFTER)
+    HookRegistry.register(config.ADAPTIVE_REASON_TARGET, config.adaptive_reason, HookType.AROUND)
 
 
 def register() -> None:

@@ -14,7 +14,9 @@ the path below, which differs from stock in three ways:
 - no dense ``[bs, n, vocab]`` draft-probability tensor is allocated and zeroed per step.
 
 Logit pre-processing (NaN sanitising, penalties, logit bias, grammar mask) and the coins
-(``torch.rand``, or seeded under deterministic inference) are SGLang's, in SGLang's order.
+(``torch.rand``, or seeded under deterministic inference) are SGLang's, in SGLang's order. So is the
+benchmark-only simulated acceptance (``SGLANG_SIMULATE_ACC_LEN`` and its ``_METHOD`` / ``_TOKEN_MODE``): after
+the walk, SGLang's ``generate_simulated_accept_index`` replaces what was accepted, on both paths, as stock.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import Counter
 import torch
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
-from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative import eagle_utils, spec_utils
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 from sgl_eagle_triton import ALGORITHM_NAME
@@ -121,4 +123,26 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
         spec.speculative_accept_threshold_single,
         spec.speculative_accept_threshold_acc,
     )
+    if spec_utils.SIMULATE_ACC_LEN > 0:
+        accept_index = simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates)
     return predict, num_correct_drafts + 1, accept_index
+
+
+def simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates):
+    """SGLang's simulated acceptance (``SGLANG_SIMULATE_ACC_LEN``, benchmarks only) applied as its
+    ``eagle_sample`` applies it after the walk: ``predict`` and ``num_correct_drafts`` overwritten in place,
+    the new ``accept_index`` returned."""
+    mode = spec_utils.SIMULATE_ACC_TOKEN_MODE
+    if mode not in ("fixed", "real-draft-token"):
+        raise ValueError(f"Invalid SGLANG_SIMULATE_ACC_TOKEN_MODE {mode!r}; expected 'fixed' or 'real-draft-token'.")
+    bs, n = candidates.shape
+    target_predict = None
+    if mode == "real-draft-token":
+        if verify_input.tree_topk != 1:
+            raise ValueError("SGLANG_SIMULATE_ACC_LEN with real draft tokens currently requires "
+                             "speculative_eagle_topk=1.")
+        target_predict = torch.argmax(logits, dim=-1).reshape(bs, n)
+    return spec_utils.generate_simulated_accept_index(
+        accept_index=accept_index, predict=predict, num_correct_drafts=num_correct_drafts, candidates=candidates,
+        target_predict=target_predict, simulate_acc_len=spec_utils.SIMULATE_ACC_LEN,
+        simulate_acc_token_mode=mode, bs=bs, spec_steps=verify_input.max_tree_depth - 1)

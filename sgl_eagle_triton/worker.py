@@ -4,8 +4,11 @@ SGLang's decode cycle stays SGLang's (scheduler, overlap, CUDA graphs, draft ext
 forward). The draft, its tree building and token selection are ours:
 
 - the draft: :meth:`TritonEagleDraftWorker.draft_forward` (the method SGLang's draft CUDA-graph
-  runner captures) runs :class:`sgl_eagle_triton.drafter.FusedDrafter`, bound to the draft model's
-  weights and KV pool when SGLang allocates the pool;
+  runner captures) runs :class:`sgl_eagle_triton.drafter.FusedDrafter` of the tree shape in force, bound to
+  the draft model's weights and KV pool when SGLang allocates the pool (under ``--speculative-adaptive``
+  SGLang captures one draft graph per candidate shape while that shape is in force, and switches the
+  worker's ``speculative_num_steps`` / ``speculative_num_draft_tokens`` between steps: each graph holds the
+  drafter of its shape, an eager draft picks the one in force);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
 
@@ -172,11 +175,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         weights = draft_weights(self.draft_runner.model, self.hot_token_id)
         pool = self.draft_runner.token_to_kv_pool
         attn = self.draft_runner.model.model.layers[0].self_attn.attn  # the draft layer's RadixAttention
-        self.fused_drafter = FusedDrafter(
+        self._drafter_binding = (
             weights,
-            self.topk,
-            self.speculative_num_steps,
-            self.speculative_num_draft_tokens,
             pool.get_key_buffer(attn.layer_id),
             pool.get_value_buffer(attn.layer_id),
             self.req_to_token_pool.req_to_token,
@@ -184,6 +184,20 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             getattr(attn, "k_scale_float", None) or 1.0,
             getattr(attn, "v_scale_float", None) or 1.0,
         )
+        self._drafters = {}
+
+    @property
+    def fused_drafter(self) -> FusedDrafter:
+        """The drafter of the tree shape in force: (topk, speculative_num_steps, speculative_num_draft_tokens)
+        as SGLang has set them on this worker now (one drafter per shape, made at first use; a drafter holds
+        no buffers of its own)."""
+        shape = (self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
+        drafter = self._drafters.get(shape)
+        if drafter is None:
+            weights, k_cache, v_cache, req_to_token, k_scale, v_scale = self._drafter_binding
+            drafter = self._drafters[shape] = FusedDrafter(weights, *shape, k_cache, v_cache, req_to_token,
+                                                           k_scale, v_scale)
+        return drafter
 
     def draft_forward(self, forward_batch):
         """SGLang's contract: ``(parent_list, top_scores_index, draft_tokens, draft_probs=None)``, positions

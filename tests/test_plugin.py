@@ -194,7 +194,10 @@ def _unsupported_draft(tmp_path):
         (["--speculative-draft-window-size", "64"], "--speculative-draft-window-size"),
         (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
         (["--enable-unified-memory"], "--enable-unified-memory"),
-        (["--speculative-adaptive"], "--speculative-adaptive"),
+        (["--speculative-adaptive", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+          "--speculative-num-draft-tokens", "8"], "--speculative-adaptive with --speculative-eagle-topk 4 yet"),
+        (["--speculative-adaptive", "--enable-two-batch-overlap"],
+         "--speculative-adaptive with enable_two_batch_overlap=True is not supported"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
         (["--tp", "2"], "tensor/pipeline parallelism (tp=2, pp=1)"),
         (["--pp-size", "2"], "tensor/pipeline parallelism (tp=1, pp=2)"),
@@ -209,6 +212,32 @@ def _unsupported_draft(tmp_path):
 def test_refused_at_start(extra, message):
     with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
         _args(*extra)
+
+
+def test_adaptive_runs_as_stock_eagle3s(tmp_path):
+    """--speculative-adaptive is not switched off for EAGLE_TRITON (SGLang allows only EAGLE / EAGLE3; our hook
+    judges us by EAGLE3's rules): SGLang picks the middle candidate of its default brackets, a chain."""
+    sa = _args("--speculative-adaptive")
+    assert sa.speculative_adaptive and sa.speculative_algorithm == "EAGLE_TRITON"
+    assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 1, 4)
+    assert sa.max_speculative_num_draft_tokens == 8  # candidates {0, 1, 3, 7}: KV and buffers sized for 7 steps
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 2, 5]}, "16": {"candidate_steps": [0, 2]}}))
+    sa = _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-num-steps", "5")
+    assert sa.speculative_adaptive and (sa.speculative_num_steps, sa.speculative_num_draft_tokens) == (5, 6)
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 200]}}))
+    with pytest.raises(EagleTritonConfigError, match="candidate steps 200"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
+
+
+def test_adaptive_switched_off_by_sglang_is_refused(monkeypatch):
+    """Were our hook missing, SGLang would fall back to static speculation with a warning: refuse instead."""
+    from sglang.srt.speculative import adaptive_spec_params
+
+    monkeypatch.setattr(adaptive_spec_params, "adaptive_unsupported_reason", lambda sa: "no hook")
+    monkeypatch.setattr(config, "stock_adaptive_reason", lambda sa, original=None: None)
+    with pytest.raises(EagleTritonConfigError, match="SGLang switched it off"):
+        _args("--speculative-adaptive")
 
 
 def test_unsupported_draft_architecture(tmp_path):
@@ -259,10 +288,9 @@ def test_draft_check_needs_eager_drafts(monkeypatch, tmp_path):
     _args("--disable-cuda-graph")
 
 
-def test_simulated_acceptance_refused(monkeypatch):
-    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
-    with pytest.raises(EagleTritonConfigError, match="SGLANG_SIMULATE_ACC_LEN"):
-        _args()
+def test_simulated_acceptance_accepted(monkeypatch):
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")  # benchmarks: verify.py applies it as stock's eagle_sample
+    assert _args().speculative_algorithm == "EAGLE_TRITON"
 
 
 def test_missing_draft_path():

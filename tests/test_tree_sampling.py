@@ -175,6 +175,13 @@ def test_no_speculative_step(device, seed):
     check(rng, device, 0, make_case(rng, 3, 5, 2, 2, 33, ("dense", "sparse"), (1, 1)))
 
 
+@pytest.mark.parametrize("bs", [1, 4])
+def test_single_node_tree(device, bs):
+    """Speculation off (adaptive steps 0: SGLang's one-node verify tree): the root row is sampled in full."""
+    rng = random.Random(3000 + bs)
+    check(rng, device, 0, make_case(rng, bs, 1, 0, 1, 33, ("dense", "sparse"), (1, 1)))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Hand-built requests: a root (node 0) with two leaf children, nodes 1 and 2.
 

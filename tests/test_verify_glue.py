@@ -128,3 +128,35 @@ def test_eagle_sample_sampled_batch_runs_our_sampling_kernels(device, fixed_coin
         assert (accept_lens >= 2).all()
     assert asked[0]["draft_token_num"] == N and asked[0]["seq_lens"].tolist() == [7, 11]
     assert asked[0]["sampling_info"] is info
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode, length", [("fixed", 2), ("fixed", 3), ("real-draft-token", 2)])
+def test_simulated_acceptance_as_sglang_applies_it(device, fixed_coins, monkeypatch, greedy, mode, length):
+    """``SGLANG_SIMULATE_ACC_LEN`` (benchmarks): both paths end with SGLang's simulated acceptance of ``length``
+    tokens ("match-expected" with an integer length: exactly that many), in its token mode."""
+    from sglang.srt.speculative import spec_utils
+
+    monkeypatch.setattr(spec_utils, "SIMULATE_ACC_LEN", float(length))
+    monkeypatch.setattr(spec_utils, "SIMULATE_ACC_TOKEN_MODE", mode)
+    monkeypatch.setattr(spec_utils, "SIMULATE_ACC_METHOD", "match-expected")
+    monkeypatch.setattr(spec_utils.generate_simulated_accept_index, "__defaults__",
+                        (float(length), "match-expected", mode))
+    verify_input, logits = case(3, device)
+    verify_input.tree_topk = 1  # real draft tokens need a chain; the walk itself does not care
+    info = fake_sglang.sampling_info(BS, greedy=greedy, temperature=0.7, device=device)
+    with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
+        predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch(info, device),
+                                                                 SimpleNamespace(next_token_logits=logits))
+    assert (accept_lens == length).all()
+    first = torch.arange(BS, device=device).view(BS, 1) * N
+    assert torch.equal(accept_index[:, :length], (first + torch.arange(length, device=device)).int())
+    assert (accept_index[:, length:] == -1).all()
+    if mode == "fixed":
+        assert (predict == 100).all()
+    else:  # draft tokens of nodes 1 .. length - 1, then the target's argmax at the last accepted node
+        cand = verify_input.draft_token.view(BS, N)
+        bonus = logits.argmax(-1).view(BS, N)[:, length - 1]
+        rows = predict.view(BS, N)
+        assert torch.equal(rows[:, : length - 1].long(), cand[:, 1:length]) and torch.equal(rows[:, length - 1].long(),
+                                                                                            bonus)

@@ -88,6 +88,21 @@ def test_chain_full_and_zero_acceptance(device, n, spec_steps):
     assert (check(rng, device, bs, n, spec_steps, zero)[2] == 0).all()
 
 
+@pytest.mark.parametrize("bs", [1, 5])
+def test_single_node_tree_is_a_plain_decode(device, bs):
+    """Speculation off (adaptive steps 0, SGLang's one-node verify tree): the root is accepted, nothing else,
+    and the target's token at the root is the prediction."""
+    rng = random.Random(bs)
+    candidates = torch.tensor([[rng.randrange(9)] for _ in range(bs)])
+    target_predict = torch.tensor([[rng.randrange(9)] for _ in range(bs)])
+    none = torch.full((bs, 1), -1)
+    retrieve_index = torch.arange(bs).view(bs, 1)
+    predicts, accept_index, accept_token_num = check(rng, device, bs, 1, 0, (candidates, retrieve_index, none, none,
+                                                                             target_predict))
+    assert (accept_token_num == 0).all() and torch.equal(accept_index, retrieve_index.int())
+    assert torch.equal(predicts, target_predict.view(-1).int())
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_retrieve_index_outside_own_row(device, seed):
     """``target_predict`` is read at the flat position that ``retrieve_index`` names, even in another row."""

@@ -14,7 +14,7 @@ from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import config, plugin, verify, worker
-from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
+from sgl_eagle_triton.drafter import draft_weights
 from sgl_eagle_triton.testing import random_batch, random_draft
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
@@ -173,10 +173,10 @@ def test_server_info_hook_is_applied():
 TOPK, STEPS, N = 4, 3, 8
 
 
-def _bound_draft_worker(w, batch):
-    drafter = FusedDrafter(w, TOPK, STEPS, N, batch["k_cache"], batch["v_cache"], batch["req_to_token"])
+def _bound_draft_worker(w, batch, steps=STEPS, n=N):
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
-    dw.fused_drafter, dw.topk = drafter, TOPK
+    dw._drafter_binding = (w, batch["k_cache"], batch["v_cache"], batch["req_to_token"], 1.0, 1.0)
+    dw._drafters, dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = {}, TOPK, steps, n
     return dw
 
 
@@ -234,6 +234,35 @@ def test_alloc_memory_pool_binds_the_drafter_to_sglangs_pools(pool_worker):
     assert d.k_cache is pools["k"] and d.v_cache is pools["v"] and d.req_to_token is pools["req_to_token"]
     assert (d.topk, d.num_steps, d.num_draft_tokens) == (4, 5, 8)
     assert d.w.qkv is w.qkv and d.w.token_map is w.token_map and d.w.eagle3
+    assert dw.fused_drafter is d  # one drafter per shape
+
+
+def test_the_drafter_follows_the_shape_sglang_puts_in_force(pool_worker):
+    """Adaptive speculation: SGLang sets the worker's steps / draft tokens per runtime state (while capturing that
+    state's draft graph, and when switching): each shape gets its own drafter on the same weights and pools."""
+    dw, w, pools = pool_worker
+    dw.alloc_memory_pool(memory_pool_config=None)
+    first = dw.fused_drafter
+    dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 3, 4
+    chain = dw.fused_drafter
+    assert (chain.topk, chain.num_steps, chain.num_draft_tokens) == (1, 3, 4)
+    assert chain.k_cache is first.k_cache and chain.req_to_token is first.req_to_token and chain.w is first.w
+    dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 4, 5, 8
+    assert dw.fused_drafter is first
+
+
+def test_draft_forward_runs_the_shape_in_force(fresh_counts, device):
+    w, gen = random_draft(True, device, seed=6)
+    batch = random_batch(w, 2, TOPK, 5, [9, 4], gen, device)
+    spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
+    dw = _bound_draft_worker(w, batch)
+    for steps, n in ((5, 12), (2, 5), (1, 4)):
+        dw.speculative_num_steps, dw.speculative_num_draft_tokens = steps, n
+        forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
+                                        seq_lens=batch["seq_lens"], req_pool_indices=batch["req_pool_indices"])
+        parents, index, tokens, _ = dw.draft_forward(forward_batch)
+        assert parents.shape == (2, TOPK * (steps - 1) + 1 if steps > 1 else 0) and tokens.shape == (2, n - 1)
+        assert torch.equal(forward_batch.positions, batch["positions"] + steps - 1)
 
 
 def test_alloc_memory_pool_refuses_rows_without_the_reservation(pool_worker):
