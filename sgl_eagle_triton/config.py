@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 TESTED_SGLANG_VERSIONS = ("0.5.17",)  # the SGLang releases the GPU suite passed on (pyproject.toml pins them)
 DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
 DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
+# Tests: under --speculative-adaptive, switch to the next candidate step count before every decode step (worker.py)
+ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)

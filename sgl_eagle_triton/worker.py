@@ -31,12 +31,15 @@ from __future__ import annotations
 import dis
 import inspect
 import logging
+import os
 import types
+from collections import Counter
 from contextlib import contextmanager
 
 import sglang
 import torch
 from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, verify
@@ -62,6 +65,7 @@ _SGLANG_NAMES = (
     (eagle_worker_v2, "organize_draft_results"),  # draft check mode
     (eagle_utils, "eagle_sample"),  # our eagle_sample's greedy path
     (eagle_utils, "_verify_coins"),  # our eagle_sample's coins
+    (AdaptiveController, "_activate"),  # the adaptive cycle test knob (config.ADAPTIVE_CYCLE_ENV)
 )
 
 
@@ -72,6 +76,7 @@ CALL_SITES = (
     (EAGLEWorkerV2, "alloc_memory_pool", None, "alloc_memory_pool"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
     (EagleDraftWorker, "draft", None, "draft_forward"),
     (eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner, "capture_one_shape", None, "draft_forward"),
     (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
@@ -252,8 +257,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     def __init__(self, *args, **kwargs):
         check_call_sites()
         self._verify_checks_left = {VERIFY_GREEDY, VERIFY_SAMPLING}
+        self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
+        self._cycle_position = 0
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
+        if self.adaptive_controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
+            logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
+                           ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         logger.info(
             "%s (%s draft, steps=%d topk=%d draft_tokens=%d): %s",
             ALGORITHM_NAME,
@@ -279,8 +289,26 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             _witness(expected, before, f"the first {'greedy' if expected == VERIFY_GREEDY else 'sampled'} verify")
         return result
 
+    def activate_step_by_batch(self, batch_size: int) -> None:
+        """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). With
+        ``config.ADAPTIVE_CYCLE_ENV`` set (tests) it puts the next candidate step count in force instead, so that
+        the shape changes at every step, mid-request (batch sizes without that state's CUDA graphs run eagerly)."""
+        controller = self.adaptive_controller
+        if controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
+            candidates = controller.candidate_steps
+            self._cycle_position = (self._cycle_position + 1) % len(candidates)
+            controller._activate(candidates[self._cycle_position])
+        else:
+            super().activate_step_by_batch(batch_size)
+        if controller is not None:
+            self.steps_in_force[self.speculative_num_steps] += 1
+
     def kernel_report(self) -> dict:
         """What ``/server_info`` shows under ``internal_states[0]["eagle_triton"]``: the kernel paths, how often
-        each of our entry points ran in this scheduler, and the first-step check's errors (empty when all ran)."""
-        return {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
-                "ran": dict(RAN), "errors": list(_errors)}
+        each of our entry points ran in this scheduler, the first-step check's errors (empty when all ran) and,
+        under ``--speculative-adaptive``, the decode steps run at each step count."""
+        report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
+                  "ran": dict(RAN), "errors": list(_errors)}
+        if self.adaptive_controller is not None:
+            report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
+        return report

@@ -23,6 +23,7 @@ import psutil
 import pytest
 import torch
 
+from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
 from tests.e2e import e2e_server
@@ -143,15 +144,21 @@ def _memory_mib(server: Server) -> dict:
     return {"server_rss": sum(p.memory_info().rss for p in procs) / 2**20, "gpu_used": (total - free) / 2**20}
 
 
-def test_load_and_faults(tmp_path):
+@pytest.mark.parametrize("mode", ["static", "adaptive_cycle"])
+def test_load_and_faults(tmp_path, mode):
+    """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
+    count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects."""
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
-    spec = e2e_server(f"load-{algorithm}", target, [
-        "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
-        "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(n), "--enable-metrics", *LOAD_ARGS,
-    ], tmp_path)
+    shape = (["--speculative-adaptive"] if mode == "adaptive_cycle" else
+             ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+              "--speculative-num-draft-tokens", str(n)])
+    env = {config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else None
+    spec = e2e_server(f"load-{algorithm}-{mode}", target, [
+        "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
+        *LOAD_ARGS,
+    ], tmp_path, env=env)
     nospec = e2e_server("load-nospec", target, LOAD_ARGS, tmp_path)
     mix = build_mix(N_REQUESTS)
     report = {"requests": N_REQUESTS, "concurrency": CONCURRENCY, "tolerance_mib": TOLERANCE_MIB, "runs": []}
@@ -181,7 +188,7 @@ def test_load_and_faults(tmp_path):
     report["log_problems"] = log_problems(log)
     text = json.dumps(report, indent=1)
     print(text)
-    Path(os.environ.get("E2E_REPORT_DIR") or tmp_path, "load-fault.json").write_text(text)
+    Path(os.environ.get("E2E_REPORT_DIR") or tmp_path, f"load-fault-{mode}.json").write_text(text)
 
     for i, run in enumerate(report["runs"]):
         assert run["problem_count"] == 0, (i, run["problems"])

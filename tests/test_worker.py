@@ -5,6 +5,7 @@ binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tes
 import functools
 import logging
 import re
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -91,7 +92,42 @@ def _greedy_batch():
 def _verify_worker():
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._verify_checks_left = {verify.VERIFY_GREEDY, verify.VERIFY_SAMPLING}
+    w.adaptive_controller = None
     return w
+
+
+def _adaptive_worker(candidates):
+    """An EagleTritonWorkerV2 with SGLang's AdaptiveController over stand-in runtime states (each just its step
+    count; applying one sets the worker's steps, as SGLang's apply_runtime_state does)."""
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+    w = _verify_worker()
+    w.speculative_num_steps, w.steps_in_force, w._cycle_position = candidates[0], Counter(), 0
+    w.apply_runtime_state = lambda state: setattr(w, "speculative_num_steps", state.speculative_num_steps)
+    controller = AdaptiveController.__new__(AdaptiveController)
+    controller.worker, controller._states = w, {s: SimpleNamespace(speculative_num_steps=s) for s in candidates}
+    controller.params = SimpleNamespace(candidate_steps=candidates, get_steps_for_batch=lambda bs: candidates[-1])
+    w.adaptive_controller = controller
+    return w
+
+
+def test_adaptive_steps_follow_sglangs_controller_and_are_reported(monkeypatch):
+    monkeypatch.delenv(config.ADAPTIVE_CYCLE_ENV, raising=False)
+    w = _adaptive_worker([0, 1, 3])
+    for _ in range(3):
+        w.activate_step_by_batch(4)
+    assert w.speculative_num_steps == 3 and w.kernel_report()["adaptive_steps_in_force"] == {"3": 3}
+
+
+def test_adaptive_cycle_knob_changes_the_shape_every_step(monkeypatch):
+    monkeypatch.setenv(config.ADAPTIVE_CYCLE_ENV, "1")
+    w = _adaptive_worker([0, 1, 3, 7])
+    seen = []
+    for _ in range(8):
+        w.activate_step_by_batch(4)
+        seen.append(w.speculative_num_steps)
+    assert seen == [1, 3, 7, 0, 1, 3, 7, 0]
+    assert w.kernel_report()["adaptive_steps_in_force"] == {"0": 2, "1": 2, "3": 2, "7": 2}
 
 
 def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, caplog):
