@@ -258,6 +258,25 @@ def _resolve_tree_shape(sa) -> None:
     sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
 
 
+SHARED_LOGITS_ROWS_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.max_decode_logits_rows"
+
+
+def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
+    """After-hook on SGLang's ``ModelRunner.max_decode_logits_rows``: under ``--speculative-adaptive`` the target's
+    logits buffer shared by its CUDA graphs holds the widest candidate's verify tree.
+
+    SGLang 0.5.17 sizes it for the initial step count (max graph batch x its draft tokens), so capturing a larger
+    candidate's verify graph fails an assertion at start (stock EAGLE3 too, e.g. the default brackets from their
+    middle candidate 3 with ``--cuda-graph-max-bs 16``: "holds 64 rows but caller needs 128").
+    """
+    sa = model_runner.server_args
+    if (getattr(sa, "speculative_algorithm", None) != "EAGLE_TRITON" or not sa.speculative_adaptive
+            or model_runner.is_draft_worker or rows <= 0):
+        return rows
+    per_req = model_runner.decode_num_tokens_per_req()
+    return max(rows, rows // per_req * sa.max_speculative_num_draft_tokens)
+
+
 def handle_server_args(sa) -> None:
     """Validate, fill defaults and export the draft kind; mutates ``sa`` in place. Under ``--speculative-adaptive``
     SGLang has already set the initial steps (a candidate), topk 1 and draft tokens = steps + 1."""

@@ -13,8 +13,10 @@ It also registers two hooks through SGLang's plugin hook registry (applied by ``
 process, in a scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`,
 which sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
 and row overwrite near the context limit; other algorithms are left as they are), :func:`report_kernels`,
-which adds the worker's kernel report to ``/server_info``, and :func:`sgl_eagle_triton.config.adaptive_reason`,
-which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules.
+which adds the worker's kernel report to ``/server_info``, :func:`sgl_eagle_triton.config.adaptive_reason`,
+which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules, and
+:func:`sgl_eagle_triton.config.shared_logits_rows`, which sizes the target's shared CUDA-graph logits buffer for the
+widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def _register_hooks() -> None:
     HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
     HookRegistry.register(INTERNAL_STATE_TARGET, report_kernels, HookType.AFTER)
     HookRegistry.register(config.ADAPTIVE_REASON_TARGET, config.adaptive_reason, HookType.AROUND)
+    HookRegistry.register(config.SHARED_LOGITS_ROWS_TARGET, config.shared_logits_rows, HookType.AFTER)
 
 
 def register() -> None:

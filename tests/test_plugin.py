@@ -230,6 +230,26 @@ def test_adaptive_runs_as_stock_eagle3s(tmp_path):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
 
 
+def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
+    """SGLang 0.5.17 sizes the target's shared CUDA-graph logits buffer for the initial candidate (3 steps: 4 rows per
+    request); the hook widens it to the widest (7 steps: 8), for EAGLE_TRITON adaptive servers only."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    def runner(sa, draft=False):
+        r = ModelRunner.__new__(ModelRunner)
+        r.server_args, r.is_draft_worker = sa, draft
+        r.decode_num_tokens_per_req = lambda **kwargs: sa.speculative_num_draft_tokens
+        return r
+
+    adaptive = _args("--speculative-adaptive")
+    assert config.shared_logits_rows(16 * 4, runner(adaptive)) == 16 * 8
+    assert config.shared_logits_rows(16 * 4, runner(adaptive, draft=True)) == 16 * 4
+    assert config.shared_logits_rows(16 * 8, runner(_args())) == 16 * 8
+    hooks = HookRegistry._hooks[config.SHARED_LOGITS_ROWS_TARGET]
+    assert any(hook is config.shared_logits_rows for _, hook, _ in hooks)
+
+
 def test_adaptive_switched_off_by_sglang_is_refused(monkeypatch):
     """Were our hook missing, SGLang would fall back to static speculation with a warning: refuse instead."""
     from sglang.srt.speculative import adaptive_spec_params
