@@ -51,7 +51,15 @@ def reserved_tokens(steps: int, topk: int, draft_tokens: int) -> int:
     return max(topk * steps, draft_tokens)
 
 
-NEAR_LIMIT_LEN = CONTEXT_LEN - reserved_tokens(*SPEC_TREE) - NEAR_LIMIT_NEW_TOKENS  # the longest prompt that fits
+def near_limit_len(reserved: int) -> int:
+    """The longest prompt that fits with ``NEAR_LIMIT_NEW_TOKENS`` new tokens on a server reserving ``reserved``."""
+    return CONTEXT_LEN - reserved - NEAR_LIMIT_NEW_TOKENS
+
+
+NEAR_LIMIT_LEN = near_limit_len(reserved_tokens(*SPEC_TREE))
+# --speculative-adaptive with SGLang's default brackets: it reserves max(topk * initial steps 3, widest candidate's
+# draft tokens 7 + 1) = 8 (compute_num_reserved_tokens)
+ADAPTIVE_RESERVED = 8
 
 
 def near_limit_ids(length: int, variant: int) -> list[int]:
@@ -100,11 +108,11 @@ def _body(endpoint: str, prompt, params: dict, stream: bool) -> dict:
     return {**body, "prompt": prompt}
 
 
-def _served(rng: random.Random, idx: int, kind: str) -> LoadRequest:
+def _served(rng: random.Random, idx: int, kind: str, limit_len: int) -> LoadRequest:
     """A request that must complete: greedy or sampled, streamed or not, maybe a stop string or at the limit."""
     endpoint, greedy, stream = ENDPOINTS[kind], rng.random() < 0.6, rng.random() < 0.3
     at_limit = endpoint == "/generate" and rng.random() < 0.08
-    prompt = near_limit_ids(NEAR_LIMIT_LEN, rng.randrange(3)) if at_limit else rng.choice(CODE_PROMPTS)
+    prompt = near_limit_ids(limit_len, rng.randrange(3)) if at_limit else rng.choice(CODE_PROMPTS)
     params = {"max_tokens": NEAR_LIMIT_NEW_TOKENS if at_limit else rng.choice(MAX_TOKENS), "ignore_eos": True}
     if greedy:
         params["temperature"] = 0
@@ -117,7 +125,7 @@ def _served(rng: random.Random, idx: int, kind: str) -> LoadRequest:
     return LoadRequest(idx, kind, endpoint, _body(endpoint, prompt, params, stream), compare=compare)
 
 
-def _invalid(rng: random.Random, idx: int) -> LoadRequest:
+def _invalid(rng: random.Random, idx: int, limit_len: int) -> LoadRequest:
     """Bad sampling parameters on any endpoint, a negative length, or a prompt past the context limit."""
     endpoint = rng.choice(list(ENDPOINTS.values()))
     params, prompt = {"max_tokens": 16, "temperature": 0.7}, rng.choice(CODE_PROMPTS)  # T=0 would reset top_k
@@ -129,21 +137,23 @@ def _invalid(rng: random.Random, idx: int) -> LoadRequest:
         if case == len(INVALID_PARAMS):
             params["max_tokens"] = -1
         else:  # one token over the total limit (input + reserved + new), or an input as long as the context
-            length = NEAR_LIMIT_LEN + 1 if case == len(INVALID_PARAMS) + 1 else CONTEXT_LEN
+            length = limit_len + 1 if case == len(INVALID_PARAMS) + 1 else CONTEXT_LEN
             prompt, params["max_tokens"] = near_limit_ids(length, 0), NEAR_LIMIT_NEW_TOKENS
     return LoadRequest(idx, "invalid", endpoint, _body(endpoint, prompt, params, False), expect="4xx")
 
 
-def build_mix(n: int = 1000, seed: int = 0) -> list[LoadRequest]:
-    """``n`` requests, the same for a given ``seed``."""
+def build_mix(n: int = 1000, seed: int = 0, reserved: int = reserved_tokens(*SPEC_TREE)) -> list[LoadRequest]:
+    """``n`` requests, the same for a given ``seed``, for a server that reserves ``reserved`` output slots per
+    request (its prompts at and one past the context limit)."""
     rng = random.Random(seed)
+    limit_len = near_limit_len(reserved)
     mix = []
     for idx in range(n):
         kind = rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
         if kind in ENDPOINTS:
-            mix.append(_served(rng, idx, kind))
+            mix.append(_served(rng, idx, kind, limit_len))
         elif kind == "invalid":
-            mix.append(_invalid(rng, idx))
+            mix.append(_invalid(rng, idx, limit_len))
         else:
             endpoint = "/generate" if kind == "abort" else rng.choice(list(ENDPOINTS.values()))
             params = {"max_tokens": LONG, "ignore_eos": True, "temperature": rng.choice((0, 0.7))}

@@ -28,6 +28,7 @@ from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
 from tests.e2e import e2e_server
 from tests.load_mix import (
+    ADAPTIVE_RESERVED,
     CONTEXT_LEN,
     SPEC_TREE,
     apply_payload,
@@ -38,6 +39,7 @@ from tests.load_mix import (
     new_outcome,
     reference_body,
     reference_key,
+    reserved_tokens,
     summarize,
 )
 from tests.tiny_models import TRAINED_PAIR
@@ -160,7 +162,7 @@ def test_load_and_faults(tmp_path, mode):
         *LOAD_ARGS,
     ], tmp_path, env=env)
     nospec = e2e_server("load-nospec", target, LOAD_ARGS, tmp_path)
-    mix = build_mix(N_REQUESTS)
+    mix = build_mix(N_REQUESTS, reserved=ADAPTIVE_RESERVED if mode == "adaptive_cycle" else reserved_tokens(*SPEC_TREE))
     report = {"requests": N_REQUESTS, "concurrency": CONCURRENCY, "tolerance_mib": TOLERANCE_MIB, "runs": []}
     try:
         spec.wait_ready()

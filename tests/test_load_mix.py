@@ -7,8 +7,10 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 from tests import load_mix
 from tests.load_mix import (
+    ADAPTIVE_RESERVED,
     CONTEXT_LEN,
     INVALID_PARAMS,
+    NEAR_LIMIT_LEN,
     SPEC_TREE,
     LoadRequest,
     apply_payload,
@@ -16,6 +18,7 @@ from tests.load_mix import (
     greedy_verdicts,
     growth_problems,
     log_problems,
+    near_limit_len,
     new_outcome,
     problem,
     reference_body,
@@ -63,6 +66,16 @@ def test_reserved_tokens_match_sglang(eagle_triton_args):
         "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n),
     ])
     assert compute_num_reserved_tokens(args) == reserved_tokens(*SPEC_TREE)
+    adaptive = eagle_triton_args([
+        "--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm", "EAGLE_TRITON",
+        "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"), "--speculative-adaptive"])
+    assert compute_num_reserved_tokens(adaptive) == ADAPTIVE_RESERVED
+
+
+def test_the_adaptive_mix_is_built_for_its_reservation():
+    mix = build_mix(300, reserved=ADAPTIVE_RESERVED)
+    lengths = {_prompt_len(r) for r in mix if _prompt_len(r) is not None and r.expect == "ok"}
+    assert lengths == {near_limit_len(ADAPTIVE_RESERVED)} and near_limit_len(ADAPTIVE_RESERVED) > NEAR_LIMIT_LEN
 
 
 def _fits(req: LoadRequest) -> bool:
