@@ -1,0 +1,204 @@
+"""Adaptive speculation sweep: output tokens per second of the whole batch against batch size, for no speculation,
+static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
+
+    python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
+        [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive] [--shapes 5,8,32 3,1,4] \\
+        [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5]
+    python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
+
+On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
+and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
+acceptance, the same for all (``SGLANG_SIMULATE_ACC_LEN`` = ``--simulate-acc-len`` with method
+``match-expected``: each verify accepts the floor or the ceiling of that length, averaging it, capped by the
+tree's depth + 1; token mode ``fixed``). Rows say so: ``acceptance`` is ``"simulated:sglang-<method>-<len>"``.
+It is a depth-only model (a chain of 3 accepts as much as a tree of 5 levels up to 4 tokens): it prices each
+shape's cost, not its tree's extra acceptance.
+
+Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
+each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there).
+``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
+rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
+crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape and batch) with
+``.md`` and ``.png`` beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.serve import MAX_NEW_TOKENS, random_prompts, server_args, timed_request, write_models
+from sgl_eagle_triton.launcher import Server
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = {  # name: (algorithm, adaptive)
+    "nospec": (None, False),
+    "eagle3": ("EAGLE3", False),
+    "eagle_triton": ("EAGLE_TRITON", False),
+    "eagle3_adaptive": ("EAGLE3", True),
+    "eagle_triton_adaptive": ("EAGLE_TRITON", True),
+}
+STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
+SIMULATE_METHOD = "match-expected"
+
+
+def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None) -> list[str]:
+    algorithm, adaptive = SYSTEMS[system]
+    if algorithm is None:
+        return []
+    args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
+    if adaptive:
+        args.append("--speculative-adaptive")
+        if algorithm == "EAGLE3":
+            args += ["--speculative-num-steps", str(STOCK_ADAPTIVE_FIRST_STEPS)]
+        return args
+    steps, topk, n = shape
+    return [*args, "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(n)]
+
+
+def simulation_env(acc_len: float) -> dict[str, str]:
+    return {"SGLANG_SIMULATE_ACC_LEN": str(acc_len), "SGLANG_SIMULATE_ACC_METHOD": SIMULATE_METHOD,
+            "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
+
+
+def acceptance_label(acc_len: float) -> str:
+    return f"simulated:sglang-{SIMULATE_METHOD}-{acc_len:g}"
+
+
+def tok_per_s(results: list[dict]) -> float:
+    """The batch's decode rate: per request (output tokens - 1) / (last chunk - first chunk), summed."""
+    return sum((r["meta"]["completion_tokens"] - 1) / (r["times"][-1] - r["times"][0]) for r in results
+               if len(r["times"]) > 1)
+
+
+def measure(url: str, batch: int) -> dict:
+    timed_request(url, random_prompts(1, seed=99)[0])
+    prompts = random_prompts(batch, seed=0)
+    with ThreadPoolExecutor(batch) as pool:
+        list(pool.map(lambda p: timed_request(url, p), random_prompts(batch, seed=1)))  # warm-up batch
+        results = list(pool.map(lambda p: timed_request(url, p), prompts))
+    return {"tok_per_s": tok_per_s(results),
+            "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for r in results)}
+
+
+def row_key(r: dict) -> tuple:
+    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"]
+
+
+def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
+    rows = {row_key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
+    rows.update({row_key(r): r for r in new_rows})
+    return sorted(rows.values(), key=lambda r: tuple(str(k) for k in row_key(r)))
+
+
+def label(r: dict) -> str:
+    if r["system"] == "nospec" or r["steps"] is None:
+        return r["system"]
+    return f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})"
+
+
+def report(rows: list[dict]) -> str:
+    """Markdown: tok/s per system and batch, over no-spec and over the best other system at that batch."""
+    if not rows:
+        return ""
+    by_batch: dict = {}
+    for r in rows:
+        by_batch.setdefault((r["batch"], r["acceptance"]), []).append(r)
+    lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", "",
+             "| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
+             "|---|---|---|---|---|---|---|"]
+    for (batch, acceptance), group in sorted(by_batch.items()):
+        nospec = next((r["tok_per_s"] for r in group if r["system"] == "nospec"), None)
+        for r in sorted(group, key=lambda r: -r["tok_per_s"]):
+            others = [o["tok_per_s"] for o in group if o is not r]
+            vs_nospec = f"{r['tok_per_s'] / nospec:.2f}" if nospec and r["system"] != "nospec" else "-"
+            vs_best = f"{r['tok_per_s'] / max(others):.2f}" if others else "-"
+            lines.append(f"| {acceptance} | {batch} | {label(r)} | {r['tok_per_s']:.0f} | {r['accept_len']:.2f} | "
+                         f"{vs_nospec} | {vs_best} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series: dict = {}
+    for r in rows:
+        series.setdefault(label(r), []).append((r["batch"], r["tok_per_s"]))
+    for name, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", label=name, linestyle="--" if "adaptive" not in name else "-")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="output tok/s (whole batch)",
+           title=f"{rows[0]['gpu']}, {rows[0]['acceptance']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def save(path: Path, rows: list[dict]) -> None:
+    merged = merge_rows(path, rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=1))
+    path.with_suffix(".md").write_text(report(merged))
+    plot(merged, path.with_suffix(".png"))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive.json")
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (3, 1, 4)],
+                        type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--simulate-acc-len", type=float, default=3.5)
+    parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.report:
+        rows = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(report(rows))
+        plot(rows, args.report.with_suffix(".png"))
+        return
+    import sglang
+    import torch
+
+    target, draft = write_models(args.workdir)
+    gpu, rows = torch.cuda.get_device_name(), []
+    for system in args.systems:
+        algorithm, adaptive = SYSTEMS[system]
+        for shape in ([None] if algorithm is None or adaptive else args.shapes):
+            name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
+            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, shape)],
+                            args.workdir, env=simulation_env(args.simulate_acc_len))
+            try:
+                server.wait_ready(900)
+                for batch in args.batches:
+                    result = measure(server.url, batch)
+                    rows.append(dict(system=system, steps=shape[0] if shape else None,
+                                     topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
+                                     batch=batch, acceptance=acceptance_label(args.simulate_acc_len), gpu=gpu,
+                                     sglang_version=sglang.__version__, date=str(datetime.date.today()),
+                                     max_new_tokens=MAX_NEW_TOKENS, **result))
+                    print(name, batch, result, flush=True)
+            except Exception as e:  # a server that failed to start or serve: the sweep goes on without it
+                print(f"{name}: {e!r}", flush=True)
+            finally:
+                server.stop()
+                if rows:
+                    save(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()

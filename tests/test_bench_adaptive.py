@@ -1,0 +1,45 @@
+"""bench/adaptive.py's pure-Python parts (server arguments, the decode rate, row merging, report) in CPU CI."""
+
+import json
+from pathlib import Path
+
+from bench import adaptive
+
+
+def test_spec_args_per_system():
+    draft = Path("/d")
+    assert adaptive.spec_args("nospec", draft, None) == []
+    assert adaptive.spec_args("eagle_triton", draft, (3, 1, 4))[-6:] == [
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    ours = adaptive.spec_args("eagle_triton_adaptive", draft, None)
+    assert ours[-1] == "--speculative-adaptive" and "EAGLE_TRITON" in ours
+    stock = adaptive.spec_args("eagle3_adaptive", draft, None)  # SGLang 0.5.17 starts only at its widest candidate
+    assert stock[-3:] == ["--speculative-adaptive", "--speculative-num-steps", "7"]
+    assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
+    assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
+
+
+def test_tok_per_s_sums_each_requests_decode_rate():
+    results = [{"times": [0.0, 1.0, 2.0], "meta": {"completion_tokens": 201}},  # 100 tok/s
+               {"times": [0.5, 1.5], "meta": {"completion_tokens": 51}},  # 50 tok/s
+               {"times": [0.5], "meta": {"completion_tokens": 1}}]  # one chunk: no decode rate
+    assert adaptive.tok_per_s(results) == 150.0
+
+
+def _row(system, batch, tps, shape=(None, None, None), acceptance="simulated:x"):
+    return dict(system=system, steps=shape[0], topk=shape[1], draft_tokens=shape[2], batch=batch, tok_per_s=tps,
+                accept_len=2.0, acceptance=acceptance, gpu="GPU X", sglang_version="0.5.17")
+
+
+def test_rows_merge_and_report_ratios(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("[]")
+    first = [_row("nospec", 8, 1000.0), _row("eagle3", 8, 1500.0, (3, 1, 4))]
+    merged = adaptive.merge_rows(path, first)
+    path.write_text(json.dumps(merged))
+    merged = adaptive.merge_rows(path, [_row("eagle3", 8, 1200.0, (3, 1, 4)), _row("eagle_triton_adaptive", 8, 1800.0)])
+    assert len(merged) == 3 and {r["tok_per_s"] for r in merged} == {1000.0, 1200.0, 1800.0}
+    table = adaptive.report(merged)
+    assert "| simulated:x | 8 | eagle_triton_adaptive | 1800 | 2.00 | 1.80 | 1.50 |" in table
+    assert "| simulated:x | 8 | eagle3 (3,1,4) | 1200 | 2.00 | 1.20 | 0.67 |" in table
+    assert "| simulated:x | 8 | nospec | 1000 | 2.00 | - | 0.56 |" in table
