@@ -159,6 +159,29 @@ def _check_adaptive(sa) -> None:
     if max(candidates) + 1 > MAX_DRAFT_TOKENS:
         _refuse(f"--speculative-adaptive candidate steps {max(candidates)}",
                 f"Use candidate_steps of at most {MAX_DRAFT_TOKENS - 1} (a chain of steps + 1 draft tokens).")
+    policy = adaptive_policy(sa)
+    if policy not in ADAPTIVE_POLICIES:
+        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} {policy!r}",
+                f"Use one of {', '.join(ADAPTIVE_POLICIES)}.")
+    if policy == "cost" and sa.disable_cuda_graph:
+        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --disable-cuda-graph (it prices "
+                "each candidate by replaying its CUDA graphs)", "Drop --disable-cuda-graph or use the sglang policy.")
+
+
+ADAPTIVE_POLICIES = ("sglang", "cost")
+ADAPTIVE_POLICY_KEY = "eagle_triton_policy"  # top-level key of --speculative-adaptive-config (SGLang ignores it)
+
+
+def adaptive_policy(sa) -> str:
+    """The adaptive policy an EAGLE_TRITON server runs: ``"sglang"`` (SGLang's EMA brackets, the default) or
+    ``"cost"`` (:mod:`sgl_eagle_triton.adaptive`), from ``"eagle_triton_policy"`` in
+    ``--speculative-adaptive-config``."""
+    if not sa.speculative_adaptive_config:
+        return "sglang"
+    import json
+
+    with open(sa.speculative_adaptive_config) as f:
+        return json.load(f).get(ADAPTIVE_POLICY_KEY, "sglang")
 
 
 def stock_adaptive_reason(sa, original=None) -> str | None:

@@ -43,6 +43,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, verify
+from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
@@ -77,6 +78,10 @@ CALL_SITES = (
     (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
+    # the cost-aware adaptive policy stands in for SGLang's params object (sgl_eagle_triton.adaptive)
+    (AdaptiveController, "activate_step_by_batch", None, "get_steps_for_batch"),
+    (AdaptiveController, "on_verify_complete", None, "on_verify_complete"),
+    (AdaptiveController, "init_states", None, "cuda_graph_bs_for_step"),
     (EagleDraftWorker, "draft", None, "draft_forward"),
     (eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner, "capture_one_shape", None, "draft_forward"),
     (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
@@ -259,11 +264,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self._verify_checks_left = {VERIFY_GREEDY, VERIFY_SAMPLING}
         self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
         self._cycle_position = 0
+        self.cost_policy, self._policy_checked = None, False
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
-        if self.adaptive_controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
-            logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
-                           ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         logger.info(
             "%s (%s draft, steps=%d topk=%d draft_tokens=%d): %s",
             ALGORITHM_NAME,
@@ -273,6 +276,34 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             self.speculative_num_draft_tokens,
             "; ".join(f"{stage}: {impl}" for stage, impl in KERNELS_IN_USE.items()),
         )
+        if self.adaptive_controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
+            logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
+                           ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
+        if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
+            controller = self.adaptive_controller
+            self.cost_policy = controller.params = CostAwarePolicy(controller.params.candidate_steps,
+                                                                   self.speculative_num_steps)
+
+    def init_cuda_graphs(self):
+        """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each
+        state's draft, verify and draft-extend graphs replayed at every captured batch size."""
+        super().init_cuda_graphs()
+        if self.cost_policy is None:
+            return
+        states = self.adaptive_controller._states
+        replay = {}
+        for steps, state in sorted(states.items()):
+            runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
+            for bs, ms in replay_ms(runners, self.cost_policy.cuda_graph_bs or [], state.speculative_num_draft_tokens
+                                    ).items():
+                replay[steps, bs] = ms
+        missing = sorted(set(states) - {s for s, _ in replay})
+        if missing:
+            raise RuntimeError(f"{ALGORITHM_NAME}: the cost-aware adaptive policy found no CUDA graph to time for "
+                               f"steps {missing} (SGLang {sglang.__version__}); use the sglang policy")
+        self.cost_policy.set_costs(CycleCost(replay))
+        logger.info("%s: adaptive candidates' graph replay ms (steps, batch): %s", ALGORITHM_NAME,
+                    {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
 
     def verify(self, batch, *args, **kwargs):
         expected = None
@@ -302,6 +333,12 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             super().activate_step_by_batch(batch_size)
         if controller is not None:
             self.steps_in_force[self.speculative_num_steps] += 1
+        if self.cost_policy is not None and self.cost_policy.costs is None and not self._policy_checked:
+            self._policy_checked = True
+            message = (f"{ALGORITHM_NAME}: the cost-aware adaptive policy has no costs at the first decode step "
+                       f"(SGLang {sglang.__version__} did not call init_cuda_graphs): it keeps its initial steps")
+            logger.error(message)
+            _errors.append(message)
 
     def kernel_report(self) -> dict:
         """What ``/server_info`` shows under ``internal_states[0]["eagle_triton"]``: the kernel paths, how often
@@ -311,4 +348,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
+        if getattr(self, "cost_policy", None) is not None:
+            report["adaptive_policy"] = self.cost_policy.report()
         return report

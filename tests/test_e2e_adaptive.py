@@ -1,8 +1,8 @@
 """End to end with ``--speculative-adaptive``: servers without speculation, with stock EAGLE3 adaptive and with
 EAGLE_TRITON adaptive (SGLang's default batch brackets, candidate steps {0, 1, 3, 7}, chains), plus EAGLE_TRITON
 adaptive with the cycle knob (``config.ADAPTIVE_CYCLE_ENV``: the step count changes before every decode step,
-mid-request, through 0 = no draft), serve the trained tiny pair through ``/generate`` (greedy, deterministic
-inference; one by one and all at once).
+mid-request, through 0 = no draft) and with the cost-aware policy (sgl_eagle_triton/adaptive.py), serve the
+trained tiny pair through ``/generate`` (greedy, deterministic inference; one by one and all at once).
 
 Pass: each EAGLE_TRITON server is tie-aware equal to no speculation (tests/lossless.py), its ``/server_info``
 report shows our kernels ran with no error and the step counts it ran at (the cycling server: every candidate);
@@ -36,6 +36,8 @@ ACCEPT_SHARE = 0.95
 
 
 def test_adaptive_is_lossless_across_switches(tmp_path):
+    cost_config = tmp_path / "cost.json"  # the cost-aware policy over SGLang's default candidates
+    cost_config.write_text(json.dumps({config.ADAPTIVE_POLICY_KEY: "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
     servers = {
         "nospec": e2e_server("adaptive-nospec", TARGET, [], tmp_path),
         "stock": e2e_server("adaptive-EAGLE3", TARGET, ["--speculative-algorithm", "EAGLE3", *ADAPTIVE,
@@ -45,6 +47,9 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
         "ours_cycle": e2e_server("adaptive-EAGLE_TRITON-cycle", TARGET,
                                  ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE], tmp_path,
                                  env={config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": e2e_server("adaptive-EAGLE_TRITON-cost", TARGET,
+                                ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE,
+                                 "--speculative-adaptive-config", str(cost_config)], tmp_path),
     }
     try:
         for server in servers.values():
@@ -53,13 +58,14 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
             results = dict(zip(servers, pool.map(lambda key: serve_generate(servers[key], key == "nospec"), servers),
                                strict=True))
         reports = {key: servers[key].get_json("/server_info")["internal_states"][0]["eagle_triton"]
-                   for key in ("ours", "ours_cycle")}
+                   for key in ("ours", "ours_cycle", "ours_cost")}
     finally:
         for server in servers.values():
             server.stop()
 
     summary = {key: {"accept_length": results[key]["accept_length"],
-                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ("stock", "ours", "ours_cycle")}
+                     "vs_nospec": verdicts(results[key], results["nospec"])}
+               for key in ("stock", "ours", "ours_cycle", "ours_cost")}
     summary["ours_equal_to_stock"] = {k: results["ours"][k] == results["stock"][k]
                                       for k in ("generate", "generate_concurrent")}
     summary["reports"] = reports
@@ -67,10 +73,12 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive.json"), "w") as f:
             json.dump(summary, f, indent=1)
-    for key in ("ours", "ours_cycle"):
+    for key in ("ours", "ours_cycle", "ours_cost"):
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
     assert reports["ours"]["adaptive_steps_in_force"], reports["ours"]
     assert summary["ours"]["accept_length"] >= ACCEPT_SHARE * summary["stock"]["accept_length"], summary
+    policy = reports["ours_cost"]["adaptive_policy"]  # every candidate priced at every captured batch size
+    assert {key.split(",")[0] for key in policy["replay_ms"]} == CANDIDATES, policy

@@ -250,6 +250,19 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
     assert any(hook is config.shared_logits_rows for _, hook, _ in hooks)
 
 
+def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path):
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
+    sa = _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
+    assert config.adaptive_policy(sa) == "cost" and sa.speculative_num_steps == 3
+    assert config.adaptive_policy(_args("--speculative-adaptive")) == "sglang"
+    with pytest.raises(EagleTritonConfigError, match="'cost' with --disable-cuda-graph"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--disable-cuda-graph")
+    cfg.write_text(json.dumps({"eagle_triton_policy": "greedy", "1": {"candidate_steps": [0, 1]}}))
+    with pytest.raises(EagleTritonConfigError, match="eagle_triton_policy 'greedy'"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
+
+
 def test_adaptive_switched_off_by_sglang_is_refused(monkeypatch):
     """Were our hook missing, SGLang would fall back to static speculation with a warning: refuse instead."""
     from sglang.srt.speculative import adaptive_spec_params

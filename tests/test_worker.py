@@ -92,7 +92,7 @@ def _greedy_batch():
 def _verify_worker():
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._verify_checks_left = {verify.VERIFY_GREEDY, verify.VERIFY_SAMPLING}
-    w.adaptive_controller = None
+    w.adaptive_controller, w.cost_policy, w._policy_checked = None, None, False
     return w
 
 

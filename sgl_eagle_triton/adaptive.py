@@ -1,0 +1,242 @@
+"""Cost-aware adaptive speculation: the step count whose expected committed tokens per millisecond is highest.
+
+SGLang's ``--speculative-adaptive`` keeps one runtime state (draft, verify and draft-extend CUDA graphs) per
+candidate step count and asks a policy before every decode step which one to put in force. Its own policy
+(``adaptive_spec_params.AdaptiveSpeculativeParams``) follows an EMA of accepted drafts within fixed batch-size
+brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the same interface and decides by
+
+    value(s, bs) = expected_tokens(s) / cost(s, bs)        (committed tokens per ms, per request)
+
+- ``expected_tokens(s) = 1 + sum_{d=1..s} prod_{i<=d} rate(i)``: :class:`DepthAcceptance` estimates the chance
+  ``rate(d)`` that the draft at depth ``d`` is accepted given depth ``d - 1`` was, from every verify's accepted
+  counts (a request that accepted ``k`` of ``s`` drafts passed depths 1..k and failed depth k + 1, unless
+  ``k = s``), with a Beta prior and exponential forgetting; a depth never tried (a deeper candidate than the one in
+  force) takes the rate of the deepest depth observed, so unused candidates are still predicted. Steps 0 (no
+  draft) commits 1 token.
+- ``cost(s, bs)``: :class:`CycleCost` holds the device time of each state's CUDA graphs at each captured batch
+  size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs)
+  measured online as the wall-clock cycle of the state in force minus its replay time, per batch bucket, and
+  shared by every candidate at that bucket.
+
+Hysteresis: the policy re-decides every ``update_interval`` verifies, ignores the ``settle`` verifies after a switch
+(with overlap scheduling they may still come from the previous state), and switches only to a candidate worth
+``1 + margin`` times the current one. Every candidate gets graphs at every captured batch size (SGLang's brackets
+restrict them; this policy chooses by value at every size). Reviewer's page: docs/adaptive.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class DepthAcceptance:
+    """Per-depth conditional acceptance of chain drafts (depth 1 = the first draft token).
+
+    ``prior``: (rate, weight) of the Beta prior every depth starts from; ``decay``: each observed verify multiplies
+    the counts so far by it (forgetting: about ``1 / (1 - decay)`` verifies remembered).
+    """
+
+    def __init__(self, max_depth: int, prior: tuple[float, float] = (0.6, 4.0), decay: float = 0.98):
+        self.prior_rate, self.prior_weight = prior
+        self.decay = decay
+        self.passed = [0.0] * (max_depth + 1)  # index d: requests that passed depth d (d >= 1)
+        self.tried = [0.0] * (max_depth + 1)  # requests whose depth d was drafted and reached
+
+    def observe(self, steps: int, correct_per_req: list[int]) -> None:
+        """One verify at ``steps`` drafted tokens per request; ``correct_per_req``: accepted drafts per request."""
+        if steps <= 0 or not correct_per_req:
+            return
+        self.passed = [p * self.decay for p in self.passed]
+        self.tried = [t * self.decay for t in self.tried]
+        for k in correct_per_req:
+            k = min(max(int(k), 0), steps)
+            for d in range(1, min(k + 1, steps) + 1):
+                self.tried[d] += 1
+                self.passed[d] += d <= k
+
+    def rate(self, depth: int) -> float:
+        """Estimated chance the draft at ``depth`` is accepted given depth - 1 was; unobserved depths take the
+        rate of the deepest observed depth above them (or the prior)."""
+        observed = [d for d in range(1, len(self.tried)) if self.tried[d] >= 1.0]
+        d = depth if depth in observed else max((o for o in observed if o < depth), default=depth)
+        if d >= len(self.tried):
+            d = len(self.tried) - 1
+        w = self.prior_weight
+        return (self.passed[d] + w * self.prior_rate) / (self.tried[d] + w)
+
+    def expected_tokens(self, steps: int) -> float:
+        """Expected tokens one verify commits per request with a chain of ``steps`` drafts (bonus included)."""
+        total, reach = 1.0, 1.0
+        for d in range(1, steps + 1):
+            reach *= self.rate(d)
+            total += reach
+        return total
+
+
+class CycleCost:
+    """Decode-cycle cost in ms per (steps, captured batch size).
+
+    ``replay``: {(steps, bs): ms} of the state's CUDA graphs at that batch size (a missing entry: that state runs
+    eagerly there, priced as its nearest captured size scaled by the batch). ``alpha``: EMA weight of an online
+    measurement of the rest of the cycle.
+    """
+
+    def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1):
+        self.replay = dict(replay)
+        self.sizes = sorted({bs for _, bs in replay})
+        self.alpha = alpha
+        self.rest: dict[int, float] = {}  # bucket -> ms of the cycle outside the graphs (EMA)
+
+    def bucket(self, batch_size: int) -> int:
+        """The captured batch size a batch pads to (the largest when beyond)."""
+        i = bisect.bisect_left(self.sizes, batch_size)
+        return self.sizes[min(i, len(self.sizes) - 1)]
+
+    def graphs_ms(self, steps: int, batch_size: int) -> float:
+        bucket = self.bucket(batch_size)
+        if (steps, bucket) in self.replay:
+            return self.replay[steps, bucket]
+        known = sorted(bs for s, bs in self.replay if s == steps)
+        if not known:
+            raise KeyError(f"no replay time for steps {steps}")
+        near = min(known, key=lambda bs: abs(bs - bucket))
+        return self.replay[steps, near] * bucket / near
+
+    def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> None:
+        bucket = self.bucket(batch_size)
+        rest = max(wall_ms - self.graphs_ms(steps, batch_size), 0.0)
+        old = self.rest.get(bucket)
+        if old is not None and rest > 3 * old + 1.0:  # a prefill or a pause fell between the two steps
+            return
+        self.rest[bucket] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
+
+    def cost(self, steps: int, batch_size: int) -> float:
+        return self.graphs_ms(steps, batch_size) + self.rest.get(self.bucket(batch_size), 0.0)
+
+
+class CostAwarePolicy:
+    """Drop-in for SGLang's ``AdaptiveSpeculativeParams`` (what ``AdaptiveController`` calls): decides the step count
+    by value (module docstring). ``costs`` is set once the states are built (:meth:`set_costs`); until then it keeps
+    ``initial_steps``."""
+
+    def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
+                 margin: float = 0.05, clock=time.perf_counter):
+        self.candidate_steps = sorted(set(candidate_steps))
+        self.current = initial_steps
+        self.acceptance = DepthAcceptance(max(self.candidate_steps))
+        self.costs: CycleCost | None = None
+        self.update_interval, self.settle, self.margin = update_interval, settle, margin
+        self.cuda_graph_bs: list[int] | None = None
+        self._since_switch = 0
+        self._verifies = 0
+        self._clock = clock
+        self._last_step: tuple[float, int, int] | None = None  # (time, steps, batch size) of the last decode step
+        self.switches = 0
+
+    # -- AdaptiveSpeculativeParams' interface --------------------------------------------------------------------
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        """Every candidate gets graphs at every captured batch size."""
+        return None if self.cuda_graph_bs is None else list(self.cuda_graph_bs)
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        """Called before every decode step: the step count to put in force (also times the previous cycle)."""
+        now = self._clock()
+        if self._last_step is not None and self.costs is not None:
+            then, steps, bs = self._last_step
+            if steps == self.current and bs == batch_size:
+                self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
+        self._last_step = (now, self.current, batch_size)
+        return self.current
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
+        """Feed one verify; returns the new step count when the policy switches, else None."""
+        self._since_switch += 1
+        if self._since_switch <= self.settle:
+            return None
+        self.acceptance.observe(self.current, num_correct_drafts_per_req)
+        self._verifies += 1
+        if self.costs is None or self._verifies % self.update_interval:
+            return None
+        best = self.best(batch_size)
+        if best != self.current and self.value(best, batch_size) > (1 + self.margin) * self.value(self.current,
+                                                                                               batch_size):
+            logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
+                        "%.2f -> %.2f ms)", self.current, best, batch_size, self.acceptance.expected_tokens(
+                            self.current), self.acceptance.expected_tokens(best), self.costs.cost(
+                            self.current, batch_size), self.costs.cost(best, batch_size))
+            self.current, self._since_switch, self._last_step = best, 0, None
+            self.switches += 1
+            return best
+        return None
+
+    # -- the decision --------------------------------------------------------------------------------------------
+
+    def set_costs(self, costs: CycleCost) -> None:
+        self.costs = costs
+
+    def value(self, steps: int, batch_size: int) -> float:
+        """Expected committed tokens per ms per request."""
+        return self.acceptance.expected_tokens(steps) / self.costs.cost(steps, batch_size)
+
+    def best(self, batch_size: int) -> int:
+        return max(self.candidate_steps, key=lambda s: self.value(s, batch_size))
+
+    def report(self) -> dict:
+        """For ``/server_info``: the estimates the decisions rest on."""
+        out = {"policy": "cost", "steps": self.current, "switches": self.switches,
+               "depth_rates": [round(self.acceptance.rate(d), 3) for d in range(1, max(self.candidate_steps) + 1)]}
+        if self.costs is not None:
+            out["replay_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.replay.items())}
+            out["rest_ms"] = {str(bs): round(ms, 3) for bs, ms in sorted(self.costs.rest.items())}
+        return out
+
+
+def captured_graph(runner, batch_size: int, tokens_per_req: int):
+    """The CUDA graph ``runner`` (an SGLang graph runner on the full-graph backend, or None) captured for
+    ``batch_size`` requests (keyed by requests, or by tokens in SGLang's ragged verify mode), or None."""
+    if runner is None:
+        return None
+    graphs = getattr(getattr(runner, "backend", None), "_graphs", None) or {}
+    for size in (batch_size, batch_size * tokens_per_req):
+        graph = graphs.get(runner._make_graph_key(size))
+        if graph is not None:
+            return graph
+    return None
+
+
+def cuda_replay_ms(graphs, repeats: int = 10) -> float:
+    """Median ms of replaying ``graphs`` one after another (CUDA events), after a warm-up replay."""
+    import torch
+
+    times = []
+    for i in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for graph in graphs:
+            graph.replay()
+        end.record()
+        end.synchronize()
+        if i:
+            times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def replay_ms(graph_runners, batch_sizes: list[int], tokens_per_req: int, measure=cuda_replay_ms) -> dict[int, float]:
+    """{batch size: ms} of replaying, one after another, the CUDA graph each of ``graph_runners`` captured at that
+    batch size (:func:`captured_graph`; a runner without it adds nothing; ``measure`` times a list of graphs). The
+    graphs replay on the buffers as the last replay left them (the padding slot for KV writes, short contexts):
+    the weights' cost, not long prefixes'."""
+    out = {}
+    for bs in batch_sizes:
+        graphs = [g for r in graph_runners if (g := captured_graph(r, bs, tokens_per_req)) is not None]
+        if graphs:
+            out[bs] = measure(graphs)
+    return out

@@ -1,0 +1,190 @@
+"""The cost-aware adaptive policy (sgl_eagle_triton/adaptive.py) on the CPU: its acceptance estimate, its costs, its
+decisions and hysteresis, SGLang's AdaptiveController driving it, and the worker timing each state's graphs."""
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+from sgl_eagle_triton import worker
+from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, DepthAcceptance, replay_ms
+from sgl_eagle_triton.worker import EagleTritonWorkerV2
+
+
+def chain_verifies(rates, steps, requests, rng):
+    """Accepted drafts per request of one verify of a ``steps`` chain whose depth d passes with ``rates[d - 1]``."""
+    out = []
+    for _ in range(requests):
+        k = 0
+        while k < steps and rng.random() < rates[k]:
+            k += 1
+        out.append(k)
+    return out
+
+
+def test_depth_rates_are_estimated_from_censored_chains():
+    rates = [0.9, 0.7, 0.5, 0.5, 0.5, 0.5, 0.5]
+    est, rng = DepthAcceptance(7, decay=1.0), random.Random(0)
+    for _ in range(400):
+        est.observe(3, chain_verifies(rates, 3, 8, rng))
+    for d in (1, 2, 3):
+        assert abs(est.rate(d) - rates[d - 1]) < 0.03, (d, est.rate(d))
+    # depths 4..7 were never drafted: they take depth 3's rate, so a 7-step chain is still predicted
+    assert est.rate(7) == est.rate(3)
+    r = [est.rate(d) for d in range(1, 8)]
+    expected = 1 + sum(math.prod(r[:d]) for d in range(1, 8))
+    assert est.expected_tokens(7) == pytest.approx(expected)
+    assert est.expected_tokens(0) == 1.0
+
+
+def test_an_unobserved_estimate_is_the_prior_and_forgetting_follows_a_change():
+    est = DepthAcceptance(3, prior=(0.6, 4.0), decay=0.9)
+    assert est.rate(1) == pytest.approx(0.6) and est.expected_tokens(1) == pytest.approx(1.6)
+    for _ in range(60):
+        est.observe(1, [1] * 8)  # everything accepted
+    assert est.rate(1) > 0.95
+    for _ in range(60):
+        est.observe(1, [0] * 8)  # then nothing
+    assert est.rate(1) < 0.05
+
+
+COSTS = {  # (steps, batch): graph ms, shaped like the H100 8B sweep: deep chains cheap alone, costly in a crowd
+    (0, 1): 7.0, (1, 1): 7.5, (3, 1): 8.5, (7, 1): 10.5,
+    (0, 64): 8.0, (1, 64): 11.0, (3, 64): 18.0, (7, 64): 34.0,
+}
+
+
+def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
+    c = CycleCost(COSTS, alpha=0.5)
+    assert c.bucket(1) == 1 and c.bucket(2) == 64 and c.bucket(500) == 64
+    assert c.cost(3, 40) == 18.0
+    c.observe_cycle(3, 64, 20.0)
+    assert c.rest[64] == 2.0 and c.cost(0, 64) == 10.0  # the rest is shared by every candidate at that size
+    c.observe_cycle(3, 64, 22.0)
+    assert c.rest[64] == 3.0
+    c.observe_cycle(3, 64, 80.0)  # a prefill fell between the steps: not a cycle
+    assert c.rest[64] == 3.0
+    sparse = CycleCost({(0, 8): 4.0, (3, 8): 6.0, (3, 32): 12.0})
+    assert sparse.graphs_ms(0, 32) == 16.0  # steps 0 has no graph at 32: its 8 scaled by the batch
+
+
+def make_policy(rates, initial=3, **kw):
+    policy = CostAwarePolicy([0, 1, 3, 7], initial, **kw)
+    policy.set_costs(CycleCost(COSTS))
+    rng = random.Random(1)
+    return policy, lambda bs: policy.on_verify_complete(chain_verifies(rates, policy.current, bs, rng), bs)
+
+
+def test_high_acceptance_drafts_deep_alone_and_shallow_in_a_crowd():
+    rates = [0.9] * 7
+    policy, verify = make_policy(rates)
+    for _ in range(200):
+        verify(1)
+    assert policy.current == 7
+    for _ in range(200):
+        verify(64)
+    assert policy.current in (1, 3)  # values at 64: 1.9/11, 3.4/18, 5.3/34 per ms: 3 best, 1 next
+    assert policy.best(64) == 3 and policy.switches >= 2
+
+
+def test_low_acceptance_turns_speculation_off_when_it_costs_more_than_it_commits():
+    policy, verify = make_policy([0.05] * 7)
+    for _ in range(300):
+        verify(64)
+    assert policy.current == 0
+
+
+def test_hysteresis_keeps_a_near_tie_and_settles_after_a_switch(monkeypatch):
+    policy = CostAwarePolicy([1, 3], 1, update_interval=1, settle=2, margin=0.05)
+    monkeypatch.setattr(policy.acceptance, "expected_tokens", {1: 2.0, 3: 3.0}.get)
+    policy.set_costs(CycleCost({(1, 1): 10.0, (3, 1): 15.0 / 1.03}))  # 3 is worth 3 % more: no switch
+    for _ in range(50):
+        policy.on_verify_complete([1], 1)
+    assert policy.current == 1 and policy.switches == 0
+    policy.set_costs(CycleCost({(1, 1): 10.0, (3, 1): 15.0 / 1.10}))
+    assert policy.on_verify_complete([1], 1) == 3  # 10 % more: switch
+    before = policy.acceptance.tried[:]
+    assert policy.on_verify_complete([0], 1) is None and policy.on_verify_complete([0], 1) is None
+    assert policy.acceptance.tried == before  # the two verifies after the switch were ignored
+
+
+def test_the_decode_clock_feeds_the_cost_of_the_state_in_force():
+    now = [0.0]
+    policy = CostAwarePolicy([0, 3], 3, clock=lambda: now[0])
+    policy.set_costs(CycleCost({(0, 8): 5.0, (3, 8): 9.0}))
+    for _ in range(5):
+        assert policy.get_steps_for_batch(8) == 3
+        now[0] += 0.012  # 12 ms cycles: 3 ms outside the graphs
+    assert policy.costs.rest[8] == pytest.approx(3.0)
+    policy.get_steps_for_batch(4)  # another batch size: no sample across the change
+    now[0] += 0.5
+    policy.get_steps_for_batch(8)
+    assert policy.costs.rest[8] == pytest.approx(3.0)
+
+
+class FakeWorker:
+    """SGLang's AdaptiveSpecWorker protocol: records the states built and applied."""
+
+    def __init__(self, steps):
+        self.speculative_num_steps, self.built, self.applied = steps, [], []
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        self.built.append((speculative_num_steps, cuda_graph_bs))
+        return SimpleNamespace(speculative_num_steps=speculative_num_steps,
+                               speculative_num_draft_tokens=speculative_num_draft_tokens)
+
+    def apply_runtime_state(self, state):
+        self.speculative_num_steps = state.speculative_num_steps
+        self.applied.append(state.speculative_num_steps)
+
+
+def test_sglangs_controller_drives_the_policy():
+    fake = FakeWorker(3)
+    controller = AdaptiveController.__new__(AdaptiveController)  # SGLang's own methods, our params
+    controller.worker, controller._states = fake, {}
+    controller.params = policy = CostAwarePolicy([0, 1, 3, 7], 3, update_interval=1, settle=0)
+    controller.init_states(cuda_graph_bs=[64, 1])
+    assert sorted(fake.built) == [(0, [1, 64]), (1, [1, 64]), (3, [1, 64]), (7, [1, 64])]  # graphs everywhere
+    policy.set_costs(CycleCost(COSTS))
+    controller.activate_step_by_batch(64)
+    assert fake.speculative_num_steps == 3
+    for _ in range(40):
+        controller.on_verify_complete([0] * 64, batch_size=64)
+    assert fake.speculative_num_steps == 0 and fake.applied[-1] == 0
+
+
+def test_replay_ms_times_each_runners_graph_at_each_size():
+    class Runner:
+        def __init__(self, sizes):
+            self.backend = SimpleNamespace(_graphs={("key", s): f"g{s}" for s in sizes})
+
+        def _make_graph_key(self, size):
+            return ("key", size)
+
+    measured = []
+    out = replay_ms([Runner([1, 8]), None, Runner([8 * 4])], [1, 8, 16], 4,
+                    measure=lambda graphs: measured.append(graphs) or float(len(graphs)))
+    # the target's verify graph keyed by tokens (ragged verify mode): 8 requests x 4 tokens
+    assert out == {1: 1.0, 8: 2.0} and measured == [["g1"], ["g8", "g32"]]
+
+
+def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    states = {s: SimpleNamespace(speculative_num_draft_tokens=s + 1, cuda_graph_runner=f"d{s}",
+                                 target_graph_runner=f"t{s}", cuda_graph_runner_for_draft_extend=f"e{s}")
+              for s in (0, 3)}
+    w.adaptive_controller = SimpleNamespace(_states=states)
+    w.cost_policy = CostAwarePolicy([0, 3], 3)
+    w.cost_policy.set_cuda_graph_bs([1, 8])
+    monkeypatch.setattr(worker.EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
+    seen = []
+    monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append((runners, n)) or
+                        {bs: float(n * bs) for bs in sizes})
+    w.init_cuda_graphs()
+    assert seen == [(("d0", "t0", "e0"), 1), (("d3", "t3", "e3"), 4)]
+    assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
+    monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: {} if n == 4 else {1: 1.0})
+    with pytest.raises(RuntimeError, match=r"no CUDA graph to time for steps \[3\]"):
+        w.init_cuda_graphs()
