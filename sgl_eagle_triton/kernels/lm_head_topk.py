@@ -63,6 +63,8 @@ def _lm_head_tile_kernel(
     sum_ptr,
     R,
     eps,
+    id_offset,
+    v_valid,
     V: tl.constexpr,
     H: tl.constexpr,
     TOPK: tl.constexpr,
@@ -104,10 +106,12 @@ def _lm_head_tile_kernel(
             acc = mma(round_to(z, DTYPE), tl.trans(tl.load(w_rows + k)), acc)
         acc = round_to(acc, DTYPE).to(tl.float32)
 
-    logits = tl.where(vocab[None, :] < V, acc, float("-inf"))
+    valid = vocab[None, :] < v_valid  # v_valid <= V: a tensor-parallel shard's padding rows are never candidates
+    logits = tl.where(valid, acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
     tile_sum = tl.sum(tl.exp(logits - tile_max[:, None]), axis=1)
-    keys = tl.where(vocab[None, :] < V, _encode(logits, vocab[None, :]), KEY_MIN)
+    tile_sum = tl.where(tile_max == float("-inf"), 0.0, tile_sum)  # a tile of padding only
+    keys = tl.where(valid, _encode(logits, id_offset + vocab[None, :]), KEY_MIN)
 
     live = rows < R
     tl.store(sum_ptr + rows * NUM_TILES + tile, tile_sum, mask=live)
@@ -125,9 +129,11 @@ def _merge_kernel(
     token_map_ptr,
     out_p_ptr,
     out_index_ptr,
+    id_offset,
     V: tl.constexpr,
     TOPK: tl.constexpr,
     HAS_MAP: tl.constexpr,
+    SUMMARY: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_T: tl.constexpr,
     TOPK_P2: tl.constexpr,
@@ -143,16 +149,20 @@ def _merge_kernel(
     tile_sum = tl.load(sum_ptr + row * NUM_TILES + tiles, mask=is_tile, other=0.0)
     row_max, _ = _decode(tl.max(heads, axis=0))
     tile_max, _ = _decode(heads)
-    total = tl.sum(tl.where(is_tile, tile_sum * tl.exp(tile_max - row_max), 0.0), axis=0)
+    has_candidates = is_tile & (heads != KEY_MIN)  # not a tile (or shard) of padding only
+    total = tl.sum(tl.where(has_candidates, tile_sum * tl.exp(tile_max - row_max), 0.0), axis=0)
 
     # The TOPK tiles with the largest maxima, then the top TOPK of their candidates.
     ranks = tl.arange(0, TOPK_P2)
     top_tiles = tl.zeros([TOPK_P2], tl.int64)
+    tile_ok = ranks < 0
     for j in tl.static_range(TOPK):
         best = tl.max(heads, axis=0)
-        top_tiles = tl.where(ranks == j, _decode(best)[1] // BLOCK_V, top_tiles)
+        found = best != KEY_MIN  # fewer than TOPK tiles hold candidates (padding)
+        top_tiles = tl.where((ranks == j) & found, (_decode(best)[1] - id_offset) // BLOCK_V, top_tiles)
+        tile_ok = tile_ok | ((ranks == j) & found)
         heads = tl.where(heads == best, KEY_MIN, heads)
-    pick = (ranks[:, None] < min(TOPK, NUM_TILES)) & (ranks[None, :] < TOPK)
+    pick = (ranks[:, None] < min(TOPK, NUM_TILES)) & (ranks[None, :] < TOPK) & tile_ok[:, None]
     cand = tl.load(row_keys + ranks[None, :] * NUM_TILES + top_tiles[:, None], mask=pick, other=KEY_MIN)
     top_keys = tl.zeros([TOPK_P2], tl.int64)
     for j in tl.static_range(TOPK):
@@ -160,8 +170,12 @@ def _merge_kernel(
         top_keys = tl.where(ranks == j, best, top_keys)
         cand = tl.where(cand == best, KEY_MIN, cand)
 
-    logit, ids = _decode(top_keys)
     out = ranks < TOPK
+    if SUMMARY:  # a tensor-parallel rank's part: its top keys and its sum relative to its own best logit
+        tl.store(out_index_ptr + row * TOPK + ranks, top_keys, mask=out)
+        tl.store(out_p_ptr + row, total)
+        return
+    logit, ids = _decode(top_keys)
     if HAS_MAP:
         ids = tl.load(token_map_ptr + ids, mask=out, other=0)
     tl.store(out_p_ptr + row * TOPK + ranks, tl.exp(logit - row_max) / total, mask=out)
@@ -215,6 +229,16 @@ def lm_head_topk(
     assert out_p.shape == out_index.shape == (R, topk) and out_p.is_contiguous() and out_index.is_contiguous()
     assert out_p.dtype == torch.float32 and out_index.dtype == torch.int64
 
+    keys, sums = _tile_pass(x, weight, topk, norm_weight, eps, 0, V)
+    _merge(keys, sums, V, VOCAB_TILE, topk, token_map, out_p, out_index)
+    return out_p, out_index
+
+
+def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
+    """Kernel 1 over ``weight``'s rows (ids ``id_offset + row``; rows from ``v_valid`` on never chosen):
+    ``(keys [R, topk, tiles] int64, sums [R, tiles] fp32)``."""
+    R, H = x.shape
+    V = weight.shape[0]
     from_logits = R >= CUBLAS_MIN_ROWS
     if from_logits:  # many rows: cuBLAS writes the logits in the weight's dtype, the tile kernel reads them
         z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
@@ -233,6 +257,8 @@ def lm_head_topk(
         sums,
         R,
         eps,
+        id_offset,
+        v_valid,
         V=V,
         H=H,
         TOPK=topk,
@@ -246,19 +272,72 @@ def lm_head_topk(
         num_warps=4,
         num_stages=4,
     )
+    return keys, sums
+
+
+def _merge(keys, sums, V: int, block_v: int, topk: int, token_map, out_a, out_b, id_offset: int = 0,
+           summary: bool = False):
+    """Kernel 2 over ``keys`` [R, topk, tiles] / ``sums`` [R, tiles] of ``block_v``-wide tiles of ``V`` ids: into
+    ``out_a`` (p [R, topk], or with ``summary`` the row's sum [R]) and ``out_b`` (ids, or the top keys)."""
+    R, _, num_tiles = keys.shape
     _merge_kernel[(R,)](
         keys,
         sums,
         token_map if token_map is not None else keys,
-        out_p,
-        out_index,
+        out_a,
+        out_b,
+        id_offset,
         V=V,
         TOPK=topk,
         HAS_MAP=token_map is not None,
-        BLOCK_V=VOCAB_TILE,
+        SUMMARY=summary,
+        BLOCK_V=block_v,
         BLOCK_T=triton.next_power_of_2(max(num_tiles, 16)),
         TOPK_P2=triton.next_power_of_2(max(topk, 2)),
-        **pdl_args(x.device),
+        **pdl_args(keys.device),
         num_warps=4,
     )
+
+
+def lm_head_topk_shard(x, weight, topk, norm_weight=None, eps=1e-6, vocab_offset: int = 0,
+                       valid: int | None = None):
+    """One tensor-parallel rank's part of :func:`lm_head_topk`: ``(keys [R, topk] int64, sum [R] fp32)``.
+
+    ``weight`` [V_shard, H] is the rank's vocabulary-parallel shard of the LM head: rows ``vocab_offset ..
+    vocab_offset + V_shard`` of the whole one, of which the first ``valid`` (default all) are real and the rest
+    SGLang's padding. ``keys``: the shard's ``topk`` best candidates as the kernels' int64 keys (logit and global
+    id, best first; ``KEY_MIN`` past a shard's real rows); ``sum``: ``sum(exp(logit - best logit))`` over the
+    shard. :func:`merge_shards` turns every rank's part into the whole vocabulary's top-k: ``topk * 8 + 4`` bytes
+    per row and rank cross the link, never the logits. Other arguments as :func:`lm_head_topk`'s.
+    """
+    R, H = x.shape
+    V = weight.shape[0]
+    valid = V if valid is None else valid
+    assert weight.dtype in MODEL_DTYPES and weight.shape == (V, H) and weight.is_contiguous()
+    assert x.dtype in (weight.dtype, torch.float32) and x.stride(1) == 1 and H % 16 == 0
+    assert 1 <= topk <= 16 and 0 <= valid <= V and vocab_offset >= 0
+    keys, sums = _tile_pass(x, weight, topk, norm_weight, eps, vocab_offset, valid)
+    top_keys = torch.empty((R, topk), dtype=torch.int64, device=x.device)
+    total = torch.empty(R, dtype=torch.float32, device=x.device)
+    _merge(keys, sums, V, VOCAB_TILE, topk, None, total, top_keys, vocab_offset, summary=True)
+    return top_keys, total
+
+
+def merge_shards(keys: torch.Tensor, sums: torch.Tensor, shard_size: int, topk: int,
+                 token_map: torch.Tensor | None = None, out_p: torch.Tensor | None = None,
+                 out_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's :func:`lm_head_topk_shard` (gathered: ``keys`` [tp, R, topk], ``sums`` [tp, R]; rank ``r``
+    holding ids ``r * shard_size ..``) merged into :func:`lm_head_topk`'s result over the whole vocabulary:
+    the same ids in the same order (ties: the lower id first, as on one GPU), ``p`` equal up to fp32 rounding
+    (the sum over the vocabulary is added up in another order). ``token_map`` [tp * shard_size or more] int64
+    maps the ids as in :func:`lm_head_topk`. Each rank runs it on the same gathered inputs: identical results."""
+    tp, R, k = keys.shape
+    assert k == topk and sums.shape == (tp, R) and keys.dtype == torch.int64 and sums.dtype == torch.float32
+    if out_p is None:
+        out_p = torch.empty((R, topk), dtype=torch.float32, device=keys.device)
+    if out_index is None:
+        out_index = torch.empty((R, topk), dtype=torch.int64, device=keys.device)
+    # ranks as the merge kernel's tiles: [R, topk, tp] keys, [R, tp] sums
+    _merge(keys.permute(1, 2, 0).contiguous(), sums.t().contiguous(), tp * shard_size, shard_size, topk, token_map,
+           out_p, out_index)
     return out_p, out_index
