@@ -3,6 +3,7 @@
     python -m bench.serve --workdir /tmp/bench-models --out bench/results/serve.json \\
         [--systems nospec eagle3 eagle_triton] [--configs 5,8,32 3,1,4] [--batches 1 8 32]
     python -m bench.serve --report bench/results/serve.json      # table + plot from collected rows
+    python -m bench.serve ... --server-flags "--kv-cache-dtype fp8_e4m3"   # every server with these flags too
 
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
@@ -32,6 +33,7 @@ import argparse
 import datetime
 import json
 import random
+import shlex
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -190,8 +192,8 @@ def server_args(batches: list[int]) -> list[str]:
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
-    """Rows of ``path`` with ``new_rows`` replacing those of the same (system, steps, topk, n, batch)."""
-    key = lambda r: (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])  # noqa: E731
+    """Rows of ``path`` with ``new_rows`` replacing those of the same (flags, system, steps, topk, n, batch)."""
+    key = lambda r: (r.get("flags", ""), r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"])  # noqa: E731
     rows = {key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
     rows.update({key(r): r for r in new_rows})
     return sorted(rows.values(), key=key)
@@ -200,17 +202,19 @@ def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
 def report(rows: list[dict]) -> str:
     """Markdown: cycle per system and batch, ratios to stock and no-spec, break-even acceptance length,
     projected tokens/s per request at acceptance lengths 3-6."""
-    nospec = {r["batch"]: r["cycle_ms"] for r in rows if r["system"] == "nospec"}
-    stock_rows = {(r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r for r in rows if r["system"] == "eagle3"}
+    nospec = {(r.get("flags", ""), r["batch"]): r["cycle_ms"] for r in rows if r["system"] == "nospec"}
+    stock_rows = {(r.get("flags", ""), r["steps"], r["topk"], r["draft_tokens"], r["batch"]): r for r in rows
+                  if r["system"] == "eagle3"}
     stock = {cfg: r["cycle_ms"] for cfg, r in stock_rows.items()}
     gpu = rows[0]["gpu"] if rows else "?"
     lines = [f"# Decode cycle on {gpu}, SGLang {rows[0]['sglang_version'] if rows else '?'}", "",
-             "| system | steps,topk,n | batch | cycle ms | ours/stock | draft ms | draft ours/stock | "
+             "| flags | system | steps,topk,n | batch | cycle ms | ours/stock | draft ms | draft ours/stock | "
              "break-even accept (cycle / no-spec step) | tok/s/req at accept 3 / 4 / 5 / 6 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cfg = (r["steps"], r["topk"], r["draft_tokens"], r["batch"])
-        base = nospec.get(r["batch"])
+        flags = r.get("flags", "")
+        cfg = (flags, r["steps"], r["topk"], r["draft_tokens"], r["batch"])
+        base = nospec.get((flags, r["batch"]))
         vs_stock = f"{r['cycle_ms'] / stock[cfg]:.2f}" if r["system"] == "eagle_triton" and cfg in stock else "-"
         vs_nospec = f"{r['cycle_ms'] / base:.2f}" if base and r["system"] != "nospec" else "-"
         draft = f"{r['draft_ms']:.2f}" if r.get("draft_ms") else "-"
@@ -220,9 +224,9 @@ def report(rows: list[dict]) -> str:
         projected = ("-" if r["system"] == "nospec"
                      else " / ".join(f"{a * 1e3 / r['cycle_ms']:.0f}" for a in (3, 4, 5, 6)))
         name = "no speculation" if r["system"] == "nospec" else r["system"]
-        shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[:3])
-        lines.append(f"| {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | {draft} | "
-                     f"{draft_vs_stock} | {vs_nospec} | {projected} |")
+        shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[1:4])
+        lines.append(f"| {flags or '-'} | {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | "
+                     f"{draft} | {draft_vs_stock} | {vs_nospec} | {projected} |")
     return "\n".join(lines) + "\n" + breakdown(rows)
 
 
@@ -237,14 +241,15 @@ def breakdown(rows: list[dict]) -> str:
         return ""
     lines = ["", "Cycle breakdown (GPU busy ms per cycle in each SGLang stage, from the profiled run; rest = "
              "cycle - stages: host gaps, verify's accept kernels, scheduling)", "",
-             "| system | steps,topk,n | batch | cycle ms | " + " | ".join(BREAKDOWN_STAGES) + " | rest |",
-             "|---|---|---|---|" + "---|" * (len(BREAKDOWN_STAGES) + 1)]
+             "| flags | system | steps,topk,n | batch | cycle ms | " + " | ".join(BREAKDOWN_STAGES) + " | rest |",
+             "|---|---|---|---|---|" + "---|" * (len(BREAKDOWN_STAGES) + 1)]
     for r in rows:
         busy = [r["stages"].get(s, {}).get("gpu_busy_ms") for s in BREAKDOWN_STAGES]
         rest = r["cycle_ms"] - sum(b for b in busy if b)
         shape = "-" if r["system"] == "nospec" else f"{r['steps']},{r['topk']},{r['draft_tokens']}"
         cells = " | ".join("-" if b is None else f"{b:.2f}" for b in busy)
-        lines.append(f"| {r['system']} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {cells} | {rest:.2f} |")
+        lines.append(f"| {r.get('flags') or '-'} | {r['system']} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | "
+                     f"{cells} | {rest:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -259,6 +264,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for r in rows:
         label = r["system"] if r["system"] == "nospec" else "{} ({},{},{})".format(
             r["system"], r["steps"], r["topk"], r["draft_tokens"])
+        label += f" {r['flags']}" if r.get("flags") else ""
         series.setdefault(label, []).append((r["batch"], r["cycle_ms"]))
     for label, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)
@@ -279,6 +285,7 @@ def parse_args(argv=None):
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="forward passes profiled per batch for the stage breakdown (0: none)")
+    parser.add_argument("--server-flags", default="", help="extra flags for every server (rows keep them: 'flags')")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
     for steps, topk, n in args.configs:
@@ -305,8 +312,8 @@ def main(argv=None):
     for system in args.systems:
         for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
             name = f"{system}-{'-'.join(map(str, config))}"
-            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config)],
-                            args.workdir)
+            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config),
+                                                *shlex.split(args.server_flags)], args.workdir)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
@@ -319,7 +326,8 @@ def main(argv=None):
                         except Exception as e:  # the cycle time stands without its breakdown
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, draft_ms=draft_ms(stages), stages=stages, gpu=gpu,
+                                     batch=batch, flags=args.server_flags, draft_ms=draft_ms(stages), stages=stages,
+                                     gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
                     print(name, batch, result, json.dumps(stages), flush=True)
             finally:

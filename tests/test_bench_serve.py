@@ -55,10 +55,10 @@ def test_merge_replaces_same_case(tmp_path):
 
 def test_report_ratios():
     table = serve.report([row("nospec", 1, 5.0), row("eagle3", 1, 8.0), row("eagle_triton", 1, 4.0)])
-    ours = next(line for line in table.splitlines() if line.startswith("| eagle_triton"))
+    ours = next(line for line in table.splitlines() if line.startswith("| - | eagle_triton"))
     assert "| 0.50 | - | - | 0.80 | 750 / 1000 / 1250 / 1500 |" in ours
     table = serve.report([row("eagle3", 1, 8.0, draft_ms=3.0), row("eagle_triton", 1, 4.0, draft_ms=1.5)])
-    ours = next(line for line in table.splitlines() if line.startswith("| eagle_triton"))
+    ours = next(line for line in table.splitlines() if line.startswith("| - | eagle_triton"))
     assert "| 0.50 | 1.50 | 0.50 |" in ours
 
 
@@ -71,10 +71,23 @@ def test_breakdown_table_rest_of_the_cycle():
     stages = {"draft": {"gpu_busy_ms": 1.5}, "draft_extend": {"gpu_busy_ms": 0.5},
               "verify_forward": {"gpu_busy_ms": 6.0}}
     table = serve.breakdown([dict(row("eagle_triton", 1, 9.0), stages=stages), row("eagle3", 1, 8.0)])
-    assert table.count("| eagle_triton | 5,8,32 | 1 | 9.00 | 1.50 | 0.50 | 6.00 | - | 1.00 |") == 1
+    assert table.count("| - | eagle_triton | 5,8,32 | 1 | 9.00 | 1.50 | 0.50 | 6.00 | - | 1.00 |") == 1
     assert "| eagle3 |" not in table and serve.breakdown([row("eagle3", 1, 8.0)]) == ""
     nospec = dict(row("nospec", 1, 6.5), stages={"decode": {"gpu_busy_ms": 6.2}})
-    assert "| nospec | - | 1 | 6.50 | - | - | - | 6.20 | 0.30 |" in serve.breakdown([nospec])
+    assert "| - | nospec | - | 1 | 6.50 | - | - | - | 6.20 | 0.30 |" in serve.breakdown([nospec])
+
+
+def test_rows_under_other_server_flags_are_kept_apart(tmp_path):
+    """--server-flags (e.g. an FP8 KV cache): rows keep their flags; ratios compare rows of the same flags."""
+    fp8 = "--kv-cache-dtype fp8_e4m3"
+    rows = [row("eagle3", 1, 8.0), row("eagle_triton", 1, 4.0),
+            dict(row("eagle3", 1, 10.0), flags=fp8), dict(row("eagle_triton", 1, 9.0), flags=fp8)]
+    path = tmp_path / "s.json"
+    assert len(serve.merge_rows(path, rows)) == 4
+    table = serve.report(rows)
+    assert "| - | eagle_triton | 5,8,32 | 1 | 4.00 | 0.50 |" in table
+    assert f"| {fp8} | eagle_triton | 5,8,32 | 1 | 9.00 | 0.90 |" in table
+    assert serve.parse_args(["--server-flags", fp8]).server_flags == fp8
 
 
 def test_measure_against_a_streaming_stub(monkeypatch):
