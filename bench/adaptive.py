@@ -31,7 +31,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.serve import MAX_NEW_TOKENS, random_prompts, server_args, timed_request, write_models
+from bench.serve import MAX_NEW_TOKENS, line_plot, random_prompts, server_args, timed_request, write_models
 from sgl_eagle_triton.launcher import Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,23 +124,11 @@ def report(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     series: dict = {}
     for r in rows:
         series.setdefault(label(r), []).append((r["batch"], r["tok_per_s"]))
-    for name, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points), strict=True)
-        ax.plot(xs, ys, marker="o", label=name, linestyle="--" if "adaptive" not in name else "-")
-    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="output tok/s (whole batch)",
-           title=f"{rows[0]['gpu']}, {rows[0]['acceptance']}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    line_plot(series, path, "output tok/s (whole batch)", f"{rows[0]['gpu']}, {rows[0]['acceptance']}", log_y=True,
+              dashed=lambda name: "adaptive" not in name)
 
 
 def save(path: Path, rows: list[dict]) -> None:

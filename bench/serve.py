@@ -253,26 +253,32 @@ def breakdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def line_plot(series: dict[str, list[tuple[float, float]]], path: Path, ylabel: str, title: str,
+              log_y: bool = False, dashed=lambda label: False) -> None:
+    """One line per ``series`` label (points ``(batch, value)``), batch on a log axis, saved to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", label=label, linestyle="--" if dashed(label) else "-")
+    ax.set(xscale="log", yscale="log" if log_y else "linear", xlabel="batch", ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot(rows: list[dict], path: Path) -> None:
     series: dict = {}
     for r in rows:
         label = r["system"] if r["system"] == "nospec" else "{} ({},{},{})".format(
             r["system"], r["steps"], r["topk"], r["draft_tokens"])
         label += f" {r['flags']}" if r.get("flags") else ""
         series.setdefault(label, []).append((r["batch"], r["cycle_ms"]))
-    for label, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points), strict=True)
-        ax.plot(xs, ys, marker="o", label=label)
-    ax.set(xscale="log", xlabel="batch", ylabel="decode cycle (ms)", title=rows[0]["gpu"])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    line_plot(series, path, "decode cycle (ms)", rows[0]["gpu"])
 
 
 def parse_args(argv=None):
