@@ -2,7 +2,8 @@
 static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
-        [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive] [--shapes 5,8,32 3,1,4] \\
+        [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost] \\
+        [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
 
@@ -35,26 +36,33 @@ from bench.serve import MAX_NEW_TOKENS, line_plot, random_prompts, server_args, 
 from sgl_eagle_triton.launcher import Server
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = {  # name: (algorithm, adaptive)
-    "nospec": (None, False),
-    "eagle3": ("EAGLE3", False),
-    "eagle_triton": ("EAGLE_TRITON", False),
-    "eagle3_adaptive": ("EAGLE3", True),
-    "eagle_triton_adaptive": ("EAGLE_TRITON", True),
+SYSTEMS = {  # name: (algorithm, adaptive policy or None)
+    "nospec": (None, None),
+    "eagle3": ("EAGLE3", None),
+    "eagle_triton": ("EAGLE_TRITON", None),
+    "eagle3_adaptive": ("EAGLE3", "sglang"),
+    "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
+    "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
 }
+DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
 
 def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None) -> list[str]:
-    algorithm, adaptive = SYSTEMS[system]
+    """The server's speculative flags; the cost policy's config file is written beside the draft."""
+    algorithm, policy = SYSTEMS[system]
     if algorithm is None:
         return []
     args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
-    if adaptive:
+    if policy:
         args.append("--speculative-adaptive")
         if algorithm == "EAGLE3":
             args += ["--speculative-num-steps", str(STOCK_ADAPTIVE_FIRST_STEPS)]
+        if policy == "cost":
+            config = draft.parent / "adaptive-cost.json"
+            config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": DEFAULT_CANDIDATES}}))
+            args += ["--speculative-adaptive-config", str(config)]
         return args
     steps, topk, n = shape
     return [*args, "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
@@ -165,8 +173,8 @@ def main(argv=None):
     target, draft = write_models(args.workdir)
     gpu, rows = torch.cuda.get_device_name(), []
     for system in args.systems:
-        algorithm, adaptive = SYSTEMS[system]
-        for shape in ([None] if algorithm is None or adaptive else args.shapes):
+        algorithm, policy = SYSTEMS[system]
+        for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, shape)],
                             args.workdir, env=simulation_env(args.simulate_acc_len))

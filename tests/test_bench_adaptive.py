@@ -6,8 +6,8 @@ from pathlib import Path
 from bench import adaptive
 
 
-def test_spec_args_per_system():
-    draft = Path("/d")
+def test_spec_args_per_system(tmp_path):
+    draft = tmp_path / "draft"
     assert adaptive.spec_args("nospec", draft, None) == []
     assert adaptive.spec_args("eagle_triton", draft, (3, 1, 4))[-6:] == [
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
@@ -15,6 +15,9 @@ def test_spec_args_per_system():
     assert ours[-1] == "--speculative-adaptive" and "EAGLE_TRITON" in ours
     stock = adaptive.spec_args("eagle3_adaptive", draft, None)  # SGLang 0.5.17 starts only at its widest candidate
     assert stock[-3:] == ["--speculative-adaptive", "--speculative-num-steps", "7"]
+    cost = adaptive.spec_args("eagle_triton_cost", draft, None)
+    config = json.loads(Path(cost[cost.index("--speculative-adaptive-config") + 1]).read_text())
+    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
     assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
 
