@@ -4,7 +4,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost] \\
         [--shapes 5,8,32 3,1,4] \\
-        [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5]
+        [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
@@ -13,7 +13,8 @@ acceptance, the same for all (``SGLANG_SIMULATE_ACC_LEN`` = ``--simulate-acc-len
 ``match-expected``: each verify accepts the floor or the ceiling of that length, averaging it, capped by the
 tree's depth + 1; token mode ``fixed``). Rows say so: ``acceptance`` is ``"simulated:sglang-<method>-<len>"``.
 It is a depth-only model (a chain of 3 accepts as much as a tree of 5 levels up to 4 tokens): it prices each
-shape's cost, not its tree's extra acceptance.
+shape's cost, not its tree's extra acceptance. ``--acceptance-profile`` runs every server (stock ones too) under
+the tree-aware model of :mod:`sgl_eagle_triton.simulated_acceptance` instead (label ``"simulated:<profile>"``).
 
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there).
@@ -69,13 +70,17 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None) -> l
             "--speculative-num-draft-tokens", str(n)]
 
 
-def simulation_env(acc_len: float) -> dict[str, str]:
+def simulation_env(acc_len: float, profile: str | None = None) -> dict[str, str]:
+    """Every server's acceptance: the tree-aware ``profile`` (sgl_eagle_triton.simulated_acceptance, applied to
+    stock servers too) or SGLang's depth-only ``SGLANG_SIMULATE_ACC_LEN``."""
+    if profile:
+        return {"SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE": profile, "SGL_EAGLE_TRITON_BENCHMARK": "1"}
     return {"SGLANG_SIMULATE_ACC_LEN": str(acc_len), "SGLANG_SIMULATE_ACC_METHOD": SIMULATE_METHOD,
             "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
 
 
-def acceptance_label(acc_len: float) -> str:
-    return f"simulated:sglang-{SIMULATE_METHOD}-{acc_len:g}"
+def acceptance_label(acc_len: float, profile: str | None = None) -> str:
+    return f"simulated:{profile}" if profile else f"simulated:sglang-{SIMULATE_METHOD}-{acc_len:g}"
 
 
 def tok_per_s(results: list[dict]) -> float:
@@ -156,6 +161,8 @@ def parse_args(argv=None):
                         type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--simulate-acc-len", type=float, default=3.5)
+    parser.add_argument("--acceptance-profile", help="tree-aware simulated acceptance profile (bench/README.md) "
+                        "instead of SGLang's --simulate-acc-len, e.g. llama31-8b-eagle3")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     return parser.parse_args(argv)
 
@@ -177,14 +184,15 @@ def main(argv=None):
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, shape)],
-                            args.workdir, env=simulation_env(args.simulate_acc_len))
+                            args.workdir, env=simulation_env(args.simulate_acc_len, args.acceptance_profile))
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
                     result = measure(server.url, batch)
                     rows.append(dict(system=system, steps=shape[0] if shape else None,
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
-                                     batch=batch, acceptance=acceptance_label(args.simulate_acc_len), gpu=gpu,
+                                     batch=batch, acceptance=acceptance_label(args.simulate_acc_len,
+                                                                              args.acceptance_profile), gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)

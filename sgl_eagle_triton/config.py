@@ -17,6 +17,8 @@ import copy
 import logging
 import os
 
+from sgl_eagle_triton import simulated_acceptance
+
 logger = logging.getLogger(__name__)
 
 TESTED_SGLANG_VERSIONS = ("0.5.17",)  # the SGLang releases the GPU suite passed on (pyproject.toml pins them)
@@ -230,6 +232,10 @@ def _validate(sa) -> None:
     if getattr(sa, "enable_unified_memory", False):
         # Its pools size req_to_token rows without get_req_to_token_extra_context_len (see req_to_token_headroom).
         _refuse("--enable-unified-memory yet", "Drop the flag.")
+    reason = simulated_acceptance.misconfigured()
+    if reason is not None:
+        _refuse(f"simulated acceptance here: {reason}", "Set both SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> and "
+                "SGL_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):

@@ -26,7 +26,7 @@ import logging
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
-from sgl_eagle_triton import ALGORITHM_NAME, config
+from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,22 @@ def _register_hooks() -> None:
     HookRegistry.register(config.SHARED_LOGITS_ROWS_TARGET, config.shared_logits_rows, HookType.AFTER)
 
 
+def _simulate_stock_acceptance() -> None:
+    """Benchmark mode (:mod:`sgl_eagle_triton.simulated_acceptance`): stock EAGLE / EAGLE3 verify under the same
+    simulated acceptance as EAGLE_TRITON, through SGLang's ``eagle_worker_common.eagle_sample`` (whose caller
+    ``EAGLEWorkerV2.verify`` looks it up at each call)."""
+    from sglang.srt.speculative import eagle_worker_common
+
+    if not getattr(eagle_worker_common.eagle_sample, "sgl_eagle_triton_simulated", False):
+        eagle_worker_common.eagle_sample = simulated_acceptance.wrap(eagle_worker_common.eagle_sample)
+        logger.warning("%s: simulated acceptance %r for every EAGLE server of this process (benchmark mode)",
+                       ALGORITHM_NAME, simulated_acceptance.profile_name())
+
+
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
+    if simulated_acceptance.active():
+        _simulate_stock_acceptance()
     if get_spec(ALGORITHM_NAME) is None:
         _register_hooks()
         SpeculativeAlgorithm.register(

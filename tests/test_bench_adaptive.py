@@ -20,6 +20,9 @@ def test_spec_args_per_system(tmp_path):
     assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
     assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
+    env = adaptive.simulation_env(3.5, "llama31-8b-eagle3")
+    assert env == {"SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE": "llama31-8b-eagle3", "SGL_EAGLE_TRITON_BENCHMARK": "1"}
+    assert adaptive.acceptance_label(3.5, "llama31-8b-eagle3") == "simulated:llama31-8b-eagle3"
 
 
 def test_tok_per_s_sums_each_requests_decode_rate():

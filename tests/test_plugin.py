@@ -321,6 +321,17 @@ def test_draft_check_needs_eager_drafts(monkeypatch, tmp_path):
     _args("--disable-cuda-graph")
 
 
+def test_tree_aware_simulated_acceptance_only_in_benchmark_mode(monkeypatch):
+    from sgl_eagle_triton import simulated_acceptance
+
+    monkeypatch.setenv(simulated_acceptance.PROFILE_ENV, "llama31-8b-eagle3")
+    monkeypatch.delenv(simulated_acceptance.BENCHMARK_ENV, raising=False)
+    with pytest.raises(EagleTritonConfigError, match="SGL_EAGLE_TRITON_BENCHMARK=1"):
+        _args()
+    monkeypatch.setenv(simulated_acceptance.BENCHMARK_ENV, "1")
+    assert _args().speculative_algorithm == "EAGLE_TRITON"
+
+
 def test_simulated_acceptance_accepted(monkeypatch):
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")  # benchmarks: verify.py applies it as stock's eagle_sample
     assert _args().speculative_algorithm == "EAGLE_TRITON"
