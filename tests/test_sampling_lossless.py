@@ -44,8 +44,8 @@ SETTINGS = {  # temperature, top_k, top_p, min_p
     "min_p": (1.0, ALL, 1.0, 0.1),
     "all": (0.8, 8, 0.8, 0.05),
 }
-SHAPES = [(1, 1, 2), (3, 1, 4), (3, 2, 6), (5, 4, 16)]  # steps, topk, draft tokens
-CPU_CASES = {("plain", (3, 2, 6)), ("all", (5, 4, 16)), ("top_k", (1, 1, 2))}
+SHAPES = [(1, 1, 2), (3, 1, 4), (3, 2, 6), (5, 4, 16), (0, 1, 1)]  # steps, topk, draft tokens; 0: no draft
+CPU_CASES = {("plain", (3, 2, 6)), ("all", (5, 4, 16)), ("top_k", (1, 1, 2)), ("min_p", (0, 1, 1))}
 
 
 def draft_tree(root: int, topk: int, steps: int, n: int):
@@ -77,18 +77,30 @@ def expected_probs(context: torch.Tensor, setting) -> torch.Tensor:
     ).double()
 
 
+def one_node_trees(roots: torch.Tensor):
+    """Speculation off (adaptive steps 0): SGLang's one-node verify tree per root, as its
+    ``_build_trivial_verify_input`` makes it: ``(retrieve_index, next_token, next_sibling, candidates)``."""
+    b = len(roots)
+    none = torch.full((b, 1), -1, device=DEVICE)
+    return torch.arange(b, device=DEVICE).view(b, 1), none, none.clone(), roots.view(b, 1).to(DEVICE)
+
+
 def spec_cycle(roots: torch.Tensor, setting, shape, impls, gen: torch.Generator):
-    """One draft -> verify cycle per root token; returns ``(predicts [B, n], accept_index, m [B])``."""
+    """One draft -> verify cycle per root token (shape ``(0, 1, 1)``: no draft, the one-node tree); returns
+    ``(predicts [B, n], accept_index, m [B])``."""
     build_tree, target_probs, tree_sampling = impls
     steps, topk, n = shape
     b = len(roots)
-    trees = [draft_tree(r, topk, steps, n) for r in range(VOCAB)]
-    parent_list, selected, draft_tokens = (torch.stack([t[i] for t in trees])[roots] for i in range(3))
     to = lambda *ts: [t.to(DEVICE) for t in ts]  # noqa: E731
-    _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
-        *to(roots, parent_list, selected, draft_tokens, torch.full((b,), PREFIX_LEN)),
-        b * PREFIX_LEN, topk, steps, n, 1,
-    )
+    if steps == 0:
+        index, next_token, next_sibling, candidates = one_node_trees(roots)
+    else:
+        trees = [draft_tree(r, topk, steps, n) for r in range(VOCAB)]
+        parent_list, selected, draft_tokens = (torch.stack([t[i] for t in trees])[roots] for i in range(3))
+        _, _, index, next_token, next_sibling, candidates = build_tree.build_tree_kernel_efficient(
+            *to(roots, parent_list, selected, draft_tokens, torch.full((b,), PREFIX_LEN)),
+            b * PREFIX_LEN, topk, steps, n, 1,
+        )
     candidates = candidates.view(b, n)
     temperature, top_k, top_p, min_p = setting
     probs = target_probs.prepare_target_probs(
@@ -109,8 +121,9 @@ def spec_cycle(roots: torch.Tensor, setting, shape, impls, gen: torch.Generator)
     return predicts.view(b, n).cpu().long(), accept_index.cpu().long(), accepted.cpu().long()
 
 
-def emitted_pairs(setting, shape, impls, broken: bool = False):
-    """The first two emitted tokens of ``DRAWS`` independent generations after ``ROOT``."""
+def emitted_pairs(setting, shape, impls, broken: bool = False, next_shape=None):
+    """The first two emitted tokens of ``DRAWS`` independent generations after ``ROOT`` (a second cycle, where
+    one is needed, drafts ``next_shape``: adaptive speculation switching shapes between cycles)."""
     gen = torch.Generator().manual_seed(1)
     roots = torch.full((DRAWS,), ROOT)
     predicts, accept_index, accepted = spec_cycle(roots, setting, shape, impls, gen)
@@ -120,11 +133,14 @@ def emitted_pairs(setting, shape, impls, broken: bool = False):
         row = expected_probs(torch.tensor([ROOT]), setting)[0]
         first = torch.where(rejected, torch.multinomial(row, DRAWS, replacement=True, generator=gen), first)
     n = shape[2]
-    second_pos = (accept_index[:, 1] - torch.arange(DRAWS) * n).clamp(min=0)
-    second = predicts.gather(1, second_pos[:, None])[:, 0]
+    if accept_index.shape[1] > 1:
+        second_pos = (accept_index[:, 1] - torch.arange(DRAWS) * n).clamp(min=0)
+        second = predicts.gather(1, second_pos[:, None])[:, 0]
+    else:  # the one-node tree accepts no draft: the second token always comes from the next cycle
+        second = torch.zeros_like(first)
     again = accepted == 0
     if again.any():
-        second[again] = spec_cycle(first[again], setting, shape, impls, gen)[0][:, 0]
+        second[again] = spec_cycle(first[again], setting, next_shape or shape, impls, gen)[0][:, 0]
     return first, second
 
 
@@ -140,8 +156,8 @@ def chi2_pvalue(observed: torch.Tensor, expected_p: torch.Tensor) -> float:
     return float(chi2.sf(stat, int(keep.sum()) - 1))
 
 
-def pvalues(setting, shape, impls, broken=False):
-    first, second = emitted_pairs(setting, shape, impls, broken)
+def pvalues(setting, shape, impls, broken=False, next_shape=None):
+    first, second = emitted_pairs(setting, shape, impls, broken, next_shape)
     p_first = expected_probs(torch.tensor([ROOT]), setting)[0]
     p_pair = p_first[:, None] * expected_probs(torch.arange(VOCAB), setting)
     return (chi2_pvalue(torch.bincount(first, minlength=VOCAB), p_first),
@@ -158,6 +174,20 @@ def test_emitted_tokens_follow_the_target(name, shape):
     if not ON_GPU and (name, shape) not in CPU_CASES:
         pytest.skip("CPU runs a subset (the full grid runs on the GPU)")
     p_first, p_pair = pvalues(SETTINGS[name], shape, IMPLS)
+    assert p_first > P_MIN and p_pair > P_MIN, (p_first, p_pair)
+
+
+SWITCHES = [((3, 1, 4), (5, 4, 16)), ((5, 4, 16), (0, 1, 1)), ((0, 1, 1), (3, 2, 6))]  # first cycle, second
+
+
+@pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: "{}-to-{}".format(*("{},{},{}".format(*x) for x in s)))
+@pytest.mark.parametrize("name", ["plain", "all"])
+def test_lossless_when_the_shape_changes_between_cycles(name, switch):
+    """Adaptive speculation changes the tree between cycles of one request, through steps 0 (the one-node tree):
+    the pair of the first two tokens still follows the target."""
+    if not ON_GPU and (name, switch) != ("all", SWITCHES[1]):
+        pytest.skip("CPU runs one case (all of them run on the GPU)")
+    p_first, p_pair = pvalues(SETTINGS[name], switch[0], IMPLS, next_shape=switch[1])
     assert p_first > P_MIN and p_pair > P_MIN, (p_first, p_pair)
 
 
