@@ -77,6 +77,15 @@ class DraftWeights:
         return self.qkv.dtype
 
 
+def vocab_shard(layer) -> tuple[int, int]:
+    """``(offset, valid)`` of an SGLang ``VocabParallelEmbedding`` / ``ParallelLMHead`` on this tensor-parallel rank:
+    its weight's rows are ids ``offset ..`` of the whole vocabulary, the first ``valid`` of them real, the rest
+    padding (SGLang pads the vocabulary to a multiple of 64 and splits it evenly, so rank ``r``'s offset is ``r``
+    times its row count: what ``kernels.lm_head_topk.merge_shards`` expects)."""
+    shard = layer.shard_indices
+    return shard.padded_org_vocab_start_index, shard.num_org_elements
+
+
 def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
     """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16 or fp16; the
     server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference. Raises ValueError

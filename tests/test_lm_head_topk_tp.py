@@ -94,6 +94,37 @@ def test_a_shard_of_padding_only(device):
     assert torch.equal(index, one_index) and row_errors(p.cpu(), one_p.cpu()).max() < 1e-6
 
 
+@pytest.mark.parametrize("V, tp", [(300, 4), (333, 8), (320, 2)])
+def test_sglangs_own_vocabulary_split(device, V, tp):
+    """Shards exactly as SGLang's vocabulary-parallel LM head holds them (its ``_get_indices``: the vocabulary padded
+    to a multiple of 64, split evenly; 333 over 8 ranks leaves rank 7 no real row), read through
+    ``drafter.vocab_shard``, merged: one GPU's result."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding, pad_vocab_size
+
+    from sgl_eagle_triton.drafter import vocab_shard
+
+    padded = pad_vocab_size(V)
+    rows = padded // tp
+    gen = torch.Generator().manual_seed(V)
+    x, weight, _, token_map = (t.to(device) if t is not None else None for t in make_case(gen, 3, V, 32, False, True))
+    full = torch.cat([weight, torch.zeros(padded - V, 32, dtype=weight.dtype, device=device)])
+    summaries = []
+    for rank in range(tp):
+        layer = SimpleNamespace(shard_indices=VocabParallelEmbedding._get_indices(padded, padded, V, V, rank, tp))
+        offset, valid = vocab_shard(layer)
+        assert offset == rank * rows and 0 <= valid <= rows
+        summaries.append(lm_head_topk_shard(x, full[offset:offset + rows].contiguous(), 8, vocab_offset=offset,
+                                            valid=valid))
+    assert sum(vocab_shard(SimpleNamespace(shard_indices=VocabParallelEmbedding._get_indices(
+        padded, padded, V, V, r, tp)))[1] for r in range(tp)) == V
+    p, index = merge_shards(torch.stack([k for k, _ in summaries]), torch.stack([s for _, s in summaries]), rows, 8,
+                            token_map)
+    one_p, one_index = lm_head_topk(x, weight, 8, token_map=token_map)
+    assert torch.equal(index, one_index) and row_errors(p.cpu(), one_p.cpu()).max() < 1e-6
+
+
 def test_a_merge_that_drops_a_ranks_sum_is_caught(device):
     """The parity check above fails for a merge that forgets the other ranks' sums (a plausible bug)."""
     def broken_merge(keys, sums, size, topk, token_map=None):
