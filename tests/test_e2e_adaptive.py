@@ -31,8 +31,9 @@ ADAPTIVE = ["--speculative-adaptive", "--speculative-draft-model-path", DRAFT]
 STOCK_WIDEST_FIRST = ["--speculative-num-steps", "7"]
 CANDIDATES = {"0", "1", "3", "7"}  # SGLang 0.5.17's default brackets
 # Stock and ours adapt by the same EMA of what they accept, so their step sequences may part after a near-tie
-# token; 5 % below stock fails (set before the first GPU run: refine from its numbers).
-ACCEPT_SHARE = 0.95
+# token. Measured (H100, 2026-11-26): equal, 1.820 and 1.820, token for token; 2 % below stock fails, as in
+# tests/test_e2e_deploy.py.
+ACCEPT_SHARE = 0.98
 
 
 def test_adaptive_is_lossless_across_switches(tmp_path):
