@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import triton
 
-from sgl_eagle_triton.kernels import build_tree, target_probs, tree_sampling, verify_greedy
+from sgl_eagle_triton import simulated_acceptance
+from sgl_eagle_triton.kernels import build_tree, simulated_walk, target_probs, tree_sampling, verify_greedy
 from sgl_eagle_triton.testing import draft_tree
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -110,6 +111,21 @@ def bench_verify(bs, steps, topk, n):
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
 
+def bench_simulated_walk(bs, steps, topk, n):
+    """The benchmark-only simulated verification (sgl_eagle_triton.simulated_acceptance) on a build_tree output:
+    the walk with the Llama-3.1-8B profile, coins drawn per call as the server draws them."""
+    candidates, index, next_token, next_sibling = verify_tree(bs, steps, topk, n, vocab=1000)
+    table = simulated_acceptance.cumulative_probs(**simulated_acceptance.PROFILES["llama31-8b-eagle3"]).cuda()
+    outs = verify_outputs(bs, n, steps)
+
+    def run():
+        coins = torch.rand(bs, steps + 1, device="cuda")
+        simulated_walk.simulated_walk(*outs, candidates, index, next_token, next_sibling, coins, table)
+
+    touched = 4 * bs * n * 8 + (bs * n + bs * (steps + 2)) * 4 + bs * (steps + 1) * 4
+    return {"triton (ours, benchmark-only)": time_us(run)}, touched
+
+
 def bench_target_probs(bs, n, vocab=TARGET_VOCAB):
     """Target distribution of sampled verification for bs * n rows, typical sampling parameters
     (T 0.7, top_k 20, top_p 0.9, min_p 0): ours (joint filters, one kernel) vs stock SGLang's sequence in
@@ -175,6 +191,7 @@ def cases(batches):
 OPS = [
     ("build_tree", bench_build_tree, cases(BATCHES)),
     ("verify_tree_greedy", bench_verify, cases(BATCHES)),
+    ("simulated_walk", bench_simulated_walk, cases(BATCHES)),
     ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
     ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
 ]
