@@ -4,7 +4,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost] \\
         [--shapes 5,8,32 3,1,4] \\
-        [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3]
+        [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
@@ -14,7 +14,9 @@ acceptance, the same for all (``SGLANG_SIMULATE_ACC_LEN`` = ``--simulate-acc-len
 tree's depth + 1; token mode ``fixed``). Rows say so: ``acceptance`` is ``"simulated:sglang-<method>-<len>"``.
 It is a depth-only model (a chain of 3 accepts as much as a tree of 5 levels up to 4 tokens): it prices each
 shape's cost, not its tree's extra acceptance. ``--acceptance-profile`` runs every server (stock ones too) under
-the tree-aware model of :mod:`sgl_eagle_triton.simulated_acceptance` instead (label ``"simulated:<profile>"``).
+the tree-aware model of :mod:`sgl_eagle_triton.simulated_acceptance` instead (label ``"simulated:<profile>"``);
+``--real-pair`` serves the trained tiny pair (tests/assets/tiny-code-v1) on the code prompts with its real
+acceptance instead (label ``"real:tiny-code-v1"``).
 
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there).
@@ -33,10 +35,19 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.serve import MAX_NEW_TOKENS, line_plot, random_prompts, server_args, timed_request, write_models
+from bench.serve import (
+    MAX_NEW_TOKENS,
+    line_plot,
+    random_prompts,
+    server_args,
+    timed_request,
+    write_models,
+)
 from sgl_eagle_triton.launcher import Server
+from sgl_eagle_triton.testing import CODE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
+TRAINED_PAIR = ROOT / "tests" / "assets" / "tiny-code-v1"  # real acceptance (about 2 tokens per verify)
 SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "nospec": (None, None),
     "eagle3": ("EAGLE3", None),
@@ -50,8 +61,8 @@ STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's defaul
 SIMULATE_METHOD = "match-expected"
 
 
-def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None) -> list[str]:
-    """The server's speculative flags; the cost policy's config file is written beside the draft."""
+def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, config_dir: Path) -> list[str]:
+    """The server's speculative flags; the cost policy's config file is written into ``config_dir``."""
     algorithm, policy = SYSTEMS[system]
     if algorithm is None:
         return []
@@ -61,13 +72,23 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None) -> l
         if algorithm == "EAGLE3":
             args += ["--speculative-num-steps", str(STOCK_ADAPTIVE_FIRST_STEPS)]
         if policy == "cost":
-            config = draft.parent / "adaptive-cost.json"
+            config = config_dir / "adaptive-cost.json"
             config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": DEFAULT_CANDIDATES}}))
             args += ["--speculative-adaptive-config", str(config)]
         return args
     steps, topk, n = shape
     return [*args, "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
             "--speculative-num-draft-tokens", str(n)]
+
+
+def real_pair_args(batches: list[int]) -> list[str]:
+    """:func:`bench.serve.server_args` for real weights: without ``--load-format dummy`` and
+    ``--skip-tokenizer-init`` (the trained pair's prompts are text)."""
+    args = server_args(batches)
+    for flag, values in (("--load-format", 1), ("--skip-tokenizer-init", 0)):
+        i = args.index(flag)
+        del args[i:i + 1 + values]
+    return args
 
 
 def simulation_env(acc_len: float, profile: str | None = None) -> dict[str, str]:
@@ -89,11 +110,19 @@ def tok_per_s(results: list[dict]) -> float:
                if len(r["times"]) > 1)
 
 
-def measure(url: str, batch: int) -> dict:
-    timed_request(url, random_prompts(1, seed=99)[0])
-    prompts = random_prompts(batch, seed=0)
+def prompts_for(batch: int, seed: int, real: bool) -> list:
+    """``batch`` prompts: random 128-token ids for dummy weights, the code prompts in turn for the trained pair
+    (which accepts what it was trained on)."""
+    if not real:
+        return random_prompts(batch, seed)
+    return [CODE_PROMPTS[(seed + i) % len(CODE_PROMPTS)] for i in range(batch)]
+
+
+def measure(url: str, batch: int, real: bool = False) -> dict:
+    timed_request(url, prompts_for(1, 99, real)[0])
+    prompts = prompts_for(batch, 0, real)
     with ThreadPoolExecutor(batch) as pool:
-        list(pool.map(lambda p: timed_request(url, p), random_prompts(batch, seed=1)))  # warm-up batch
+        list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 1, real)))  # warm-up batch
         results = list(pool.map(lambda p: timed_request(url, p), prompts))
     return {"tok_per_s": tok_per_s(results),
             "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for r in results)}
@@ -163,6 +192,8 @@ def parse_args(argv=None):
     parser.add_argument("--simulate-acc-len", type=float, default=3.5)
     parser.add_argument("--acceptance-profile", help="tree-aware simulated acceptance profile (bench/README.md) "
                         "instead of SGLang's --simulate-acc-len, e.g. llama31-8b-eagle3")
+    parser.add_argument("--real-pair", action="store_true",
+                        help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     return parser.parse_args(argv)
 
@@ -177,22 +208,29 @@ def main(argv=None):
     import sglang
     import torch
 
-    target, draft = write_models(args.workdir)
+    if args.real_pair:
+        target, draft = TRAINED_PAIR / "target", TRAINED_PAIR / "eagle3"
+        base_args, env, acceptance = real_pair_args(args.batches), {}, "real:tiny-code-v1"
+    else:
+        target, draft = write_models(args.workdir)
+        base_args = server_args(args.batches)
+        env = simulation_env(args.simulate_acc_len, args.acceptance_profile)
+        acceptance = acceptance_label(args.simulate_acc_len, args.acceptance_profile)
+    args.workdir.mkdir(parents=True, exist_ok=True)
     gpu, rows = torch.cuda.get_device_name(), []
     for system in args.systems:
         algorithm, policy = SYSTEMS[system]
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
-            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, shape)],
-                            args.workdir, env=simulation_env(args.simulate_acc_len, args.acceptance_profile))
+            server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
+                            args.workdir, env=env)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
-                    result = measure(server.url, batch)
+                    result = measure(server.url, batch, args.real_pair)
                     rows.append(dict(system=system, steps=shape[0] if shape else None,
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
-                                     batch=batch, acceptance=acceptance_label(args.simulate_acc_len,
-                                                                              args.acceptance_profile), gpu=gpu,
+                                     batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)

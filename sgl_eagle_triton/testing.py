@@ -10,6 +10,14 @@ import torch
 from sgl_eagle_triton.drafter import DraftWeights
 from sgl_eagle_triton.reference.draft_select import organize, select_step
 
+CODE_PROMPTS = (  # the trained tiny pair (tests/assets/tiny-code-v1) writes Python: e2e tests and benchmarks
+    "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
+    "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
+    "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",
+    "def binary_search(items, target):\n", "import re\n\npattern = ", "def merge(a, b):\n",
+    "if __name__ == '__main__':\n", "def factorial(n):\n    if n == 0:\n",
+)
+
 
 def cos_sin_cache(max_pos: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
     """SGLang's neox RoPE table: [max_pos, D] fp32, cos then sin."""

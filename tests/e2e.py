@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sgl_eagle_triton.launcher import Server
+from sgl_eagle_triton.testing import CODE_PROMPTS
 from tests.lossless import tie_aware_compare, top2_logprobs
 
 # The GPU bundle has no FA3 or xgrammar kernels; FlashInfer's JIT-compile on the host (docs/gpu.md).
@@ -34,13 +35,7 @@ def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,
     return Server(name, model_path, [*COMMON_ARGS, *args], log_dir, env=env)
 
 
-PROMPTS = [
-    "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
-    "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
-    "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",
-    "def binary_search(items, target):\n", "import re\n\npattern = ", "def merge(a, b):\n",
-    "if __name__ == '__main__':\n", "def factorial(n):\n    if n == 0:\n",
-]
+PROMPTS = list(CODE_PROMPTS)
 MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
 
 

@@ -8,14 +8,15 @@ from bench import adaptive
 
 def test_spec_args_per_system(tmp_path):
     draft = tmp_path / "draft"
-    assert adaptive.spec_args("nospec", draft, None) == []
-    assert adaptive.spec_args("eagle_triton", draft, (3, 1, 4))[-6:] == [
+    assert adaptive.spec_args("nospec", draft, None, tmp_path) == []
+    assert adaptive.spec_args("eagle_triton", draft, (3, 1, 4), tmp_path)[-6:] == [
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-    ours = adaptive.spec_args("eagle_triton_adaptive", draft, None)
+    ours = adaptive.spec_args("eagle_triton_adaptive", draft, None, tmp_path)
     assert ours[-1] == "--speculative-adaptive" and "EAGLE_TRITON" in ours
-    stock = adaptive.spec_args("eagle3_adaptive", draft, None)  # SGLang 0.5.17 starts only at its widest candidate
+    # SGLang 0.5.17 starts only at its widest candidate
+    stock = adaptive.spec_args("eagle3_adaptive", draft, None, tmp_path)
     assert stock[-3:] == ["--speculative-adaptive", "--speculative-num-steps", "7"]
-    cost = adaptive.spec_args("eagle_triton_cost", draft, None)
+    cost = adaptive.spec_args("eagle_triton_cost", draft, None, tmp_path)
     config = json.loads(Path(cost[cost.index("--speculative-adaptive-config") + 1]).read_text())
     assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
@@ -23,6 +24,14 @@ def test_spec_args_per_system(tmp_path):
     env = adaptive.simulation_env(3.5, "llama31-8b-eagle3")
     assert env == {"SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE": "llama31-8b-eagle3", "SGL_EAGLE_TRITON_BENCHMARK": "1"}
     assert adaptive.acceptance_label(3.5, "llama31-8b-eagle3") == "simulated:llama31-8b-eagle3"
+
+
+def test_the_trained_pair_serves_real_weights_on_code_prompts():
+    args = adaptive.real_pair_args([1, 8])
+    assert "--load-format" not in args and "--skip-tokenizer-init" not in args and "--cuda-graph-bs-decode" in args
+    assert adaptive.prompts_for(3, 0, True) == list(adaptive.CODE_PROMPTS[:3])
+    assert all(isinstance(p, list) for p in adaptive.prompts_for(2, 0, False))
+    assert (adaptive.TRAINED_PAIR / "eagle3" / "config.json").exists()
 
 
 def test_tok_per_s_sums_each_requests_decode_rate():
