@@ -174,12 +174,12 @@ def _merge_kernel(
     if SUMMARY:  # a tensor-parallel rank's part: its top keys and its sum relative to its own best logit
         tl.store(out_index_ptr + row * TOPK + ranks, top_keys, mask=out)
         tl.store(out_p_ptr + row, total)
-        return
-    logit, ids = _decode(top_keys)
-    if HAS_MAP:
-        ids = tl.load(token_map_ptr + ids, mask=out, other=0)
-    tl.store(out_p_ptr + row * TOPK + ranks, tl.exp(logit - row_max) / total, mask=out)
-    tl.store(out_index_ptr + row * TOPK + ranks, ids, mask=out)
+    else:
+        logit, ids = _decode(top_keys)
+        if HAS_MAP:
+            ids = tl.load(token_map_ptr + ids, mask=out, other=0)
+        tl.store(out_p_ptr + row * TOPK + ranks, tl.exp(logit - row_max) / total, mask=out)
+        tl.store(out_index_ptr + row * TOPK + ranks, ids, mask=out)
 
 
 def lm_head_topk(
