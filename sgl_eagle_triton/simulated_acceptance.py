@@ -5,9 +5,9 @@ draft candidate of each sibling rank at each depth.
 
 Enabled only with both ``SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile>`` and ``SGL_EAGLE_TRITON_BENCHMARK=1``
 (EAGLE_TRITON refuses the first without the second at start); then it applies to every EAGLE server of the process,
-stock EAGLE / EAGLE3 included (the plugin wraps SGLang's ``eagle_sample``), so systems compare under one
-acceptance. Outputs are then meaningless (accepted draft tokens, a fixed bonus token). Profiles and sources:
-bench/README.md.
+stock EAGLE / EAGLE3 included (the plugin wraps SGLang's ``eagle_sample``, the EAGLE_TRITON worker ours, with
+:func:`wrap`), so systems compare under one acceptance. Outputs are then meaningless (accepted draft tokens, a
+fixed bonus token). Profiles and sources: bench/README.md.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def apply(verify_input, batch, result):
 
 
 def wrap(eagle_sample):
-    """SGLang's ``eagle_sample`` followed by :func:`apply` (stock EAGLE / EAGLE3 servers in benchmark mode)."""
+    """``eagle_sample`` (SGLang's, or ours) followed by :func:`apply`: the verify of a server in benchmark mode."""
 
     @functools.wraps(eagle_sample)
     def simulated(verify_input, batch, *args, **kwargs):

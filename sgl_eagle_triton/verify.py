@@ -30,7 +30,7 @@ from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_pena
 from sglang.srt.speculative import eagle_utils, spec_utils
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
-from sgl_eagle_triton import ALGORITHM_NAME, simulated_acceptance
+from sgl_eagle_triton import ALGORITHM_NAME
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
@@ -82,15 +82,7 @@ def verify_tree_greedy_func(
 
 def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     """Same arguments and results as ``sglang.srt.speculative.eagle_utils.eagle_sample``:
-    ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, steps + 1] int32)``; in benchmark mode
-    replaced by :mod:`sgl_eagle_triton.simulated_acceptance`'s walk, as stock's is."""
-    result = _eagle_sample(verify_input, batch, logits_output, grammar_mask)
-    if simulated_acceptance.active():
-        result = simulated_acceptance.apply(verify_input, batch, result)
-    return result
-
-
-def _eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
+    ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, steps + 1] int32)``."""
     info = batch.sampling_info
     if batch.forward_mode.is_idle() or info.is_all_greedy:
         return eagle_utils.eagle_sample(verify_input, batch, logits_output, grammar_mask)

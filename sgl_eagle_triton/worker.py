@@ -42,7 +42,7 @@ from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, e
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, verify
+from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
@@ -170,6 +170,13 @@ def _swapped(module, name: str, replacement):
         setattr(module, name, original)
 
 
+def our_eagle_sample():
+    """What the worker puts in place of SGLang's ``eagle_sample``: :func:`sgl_eagle_triton.verify.eagle_sample`,
+    wrapped in benchmark mode by the simulated acceptance as stock's is (:mod:`sgl_eagle_triton.simulated_acceptance`);
+    decided once, at worker start, not at every verify."""
+    return simulated_acceptance.wrap(verify.eagle_sample) if simulated_acceptance.active() else verify.eagle_sample
+
+
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 
@@ -265,6 +272,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
         self._cycle_position = 0
         self.cost_policy, self._policy_checked = None, False
+        self._eagle_sample = our_eagle_sample()
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
         logger.info(
@@ -276,7 +284,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             self.speculative_num_draft_tokens,
             "; ".join(f"{stage}: {impl}" for stage, impl in KERNELS_IN_USE.items()),
         )
-        if self.adaptive_controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
+        self._cycle_knob = self.adaptive_controller is not None and bool(os.environ.get(config.ADAPTIVE_CYCLE_ENV))
+        if self._cycle_knob:
             logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
@@ -312,7 +321,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         before = RAN[expected] if expected in self._verify_checks_left else None
         with (
             _swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func),
-            _swapped(eagle_worker_common, "eagle_sample", verify.eagle_sample),
+            _swapped(eagle_worker_common, "eagle_sample", self._eagle_sample),
         ):
             result = super().verify(batch, *args, **kwargs)
         if before is not None:
@@ -322,10 +331,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). With
-        ``config.ADAPTIVE_CYCLE_ENV`` set (tests) it puts the next candidate step count in force instead, so that
-        the shape changes at every step, mid-request (batch sizes without that state's CUDA graphs run eagerly)."""
+        ``config.ADAPTIVE_CYCLE_ENV`` set at start (tests) it puts the next candidate step count in force instead, so
+        that the shape changes at every step, mid-request (batch sizes without that state's CUDA graphs run
+        eagerly)."""
         controller = self.adaptive_controller
-        if controller is not None and os.environ.get(config.ADAPTIVE_CYCLE_ENV):
+        if self._cycle_knob:
             candidates = controller.candidate_steps
             self._cycle_position = (self._cycle_position + 1) % len(candidates)
             controller._activate(candidates[self._cycle_position])
@@ -348,6 +358,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
-        if getattr(self, "cost_policy", None) is not None:
+        if self.cost_policy is not None:
             report["adaptive_policy"] = self.cost_policy.report()
         return report

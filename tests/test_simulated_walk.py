@@ -136,8 +136,10 @@ def test_eagle_sample_is_replaced_for_ours_and_wrapped_for_stock(device, monkeyp
     batch = SimpleNamespace(forward_mode=fake_sglang.ForwardMode(), seq_lens=torch.tensor([5, 6, 7], device=device),
                             sampling_info=fake_sglang.sampling_info(bs, greedy=True, device=device), device=device)
     logits = SimpleNamespace(next_token_logits=torch.randn(bs * n, 50, device=device))
+    ours = worker.our_eagle_sample()
+    assert ours.sgl_eagle_triton_simulated and ours.__wrapped__ is verify.eagle_sample
     with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
-        predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch, logits)
+        predict, accept_lens, accept_index = ours(verify_input, batch, logits)
     # the simulated walk's outputs: the bonus token at each request's last accepted position
     last = accept_index.gather(1, (accept_lens - 1).long().view(bs, 1)).view(bs).long()
     assert (predict[last] == 100).all() and accept_lens.dtype == torch.int32
@@ -150,3 +152,5 @@ def test_eagle_sample_is_replaced_for_ours_and_wrapped_for_stock(device, monkeyp
     predict, accept_lens, accept_index = wrapped(verify_input, batch, logits)
     last = accept_index.gather(1, (accept_lens - 1).long().view(bs, 1)).view(bs).long()
     assert (predict[last] == 100).all()
+    monkeypatch.delenv(simulated_acceptance.BENCHMARK_ENV)  # outside benchmark mode: ours as it is
+    assert worker.our_eagle_sample() is verify.eagle_sample

@@ -93,6 +93,7 @@ def _verify_worker():
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._verify_checks_left = {verify.VERIFY_GREEDY, verify.VERIFY_SAMPLING}
     w.adaptive_controller, w.cost_policy, w._policy_checked = None, None, False
+    w._eagle_sample, w._cycle_knob = verify.eagle_sample, False
     return w
 
 
@@ -111,17 +112,16 @@ def _adaptive_worker(candidates):
     return w
 
 
-def test_adaptive_steps_follow_sglangs_controller_and_are_reported(monkeypatch):
-    monkeypatch.delenv(config.ADAPTIVE_CYCLE_ENV, raising=False)
+def test_adaptive_steps_follow_sglangs_controller_and_are_reported():
     w = _adaptive_worker([0, 1, 3])
     for _ in range(3):
         w.activate_step_by_batch(4)
     assert w.speculative_num_steps == 3 and w.kernel_report()["adaptive_steps_in_force"] == {"3": 3}
 
 
-def test_adaptive_cycle_knob_changes_the_shape_every_step(monkeypatch):
-    monkeypatch.setenv(config.ADAPTIVE_CYCLE_ENV, "1")
+def test_adaptive_cycle_knob_changes_the_shape_every_step():
     w = _adaptive_worker([0, 1, 3, 7])
+    w._cycle_knob = True  # config.ADAPTIVE_CYCLE_ENV set at worker start
     seen = []
     for _ in range(8):
         w.activate_step_by_batch(4)
