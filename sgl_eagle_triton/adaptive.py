@@ -33,6 +33,16 @@ import time
 logger = logging.getLogger(__name__)
 
 
+def chain_tokens(rates) -> float:
+    """Expected tokens a verify commits per request for a chain whose depth ``d`` draft is accepted with chance
+    ``rates[d - 1]`` given depth ``d - 1`` was: ``1 + sum_d prod_{i <= d} rates[i - 1]`` (the bonus included)."""
+    total, reach = 1.0, 1.0
+    for rate in rates:
+        reach *= rate
+        total += reach
+    return total
+
+
 class DepthAcceptance:
     """Per-depth conditional acceptance of chain drafts (depth 1 = the first draft token).
 
@@ -70,11 +80,7 @@ class DepthAcceptance:
 
     def expected_tokens(self, steps: int) -> float:
         """Expected tokens one verify commits per request with a chain of ``steps`` drafts (bonus included)."""
-        total, reach = 1.0, 1.0
-        for d in range(1, steps + 1):
-            reach *= self.rate(d)
-            total += reach
-        return total
+        return chain_tokens(self.rate(d) for d in range(1, steps + 1))
 
 
 class CycleCost:

@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from sgl_eagle_triton.adaptive import chain_tokens
+
 PROFILE_ENV = "SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE"
 BENCHMARK_ENV = "SGL_EAGLE_TRITON_BENCHMARK"
 # rank_probs[r]: the chance that the target's next token is the draft's candidate of sibling rank r at depth 1;
@@ -60,11 +62,7 @@ def cumulative_probs(rank_probs: list[float], depth_decay: float, levels: int = 
 
 def expected_chain_tokens(rank_probs: list[float], depth_decay: float, steps: int) -> float:
     """Tokens a chain of ``steps`` drafts commits per verify under a profile (the bonus included)."""
-    total, reach = 1.0, 1.0
-    for d in range(steps):
-        reach *= rank_probs[0] * depth_decay**d
-        total += reach
-    return total
+    return chain_tokens(rank_probs[0] * depth_decay**d for d in range(steps))
 
 
 @functools.lru_cache(maxsize=8)
