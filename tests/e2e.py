@@ -64,6 +64,24 @@ def serve_all(server: Server, with_logprobs: bool) -> dict:
     return result
 
 
+def serve_concurrently(servers: Mapping, serve, info_keys) -> tuple[dict, dict]:
+    """Waits until every one of ``servers`` (key -> started :class:`Server`) is ready, runs ``serve(server,
+    with_logprobs)`` on all of them at once (log-probs for the key ``"nospec"``), reads ``/server_info``'s
+    ``internal_states[0]`` of the servers of ``info_keys``, and stops every server, also on failure. Returns
+    ``(results, infos)``, both keyed as ``servers``."""
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        with ThreadPoolExecutor(len(servers)) as pool:
+            results = dict(zip(servers, pool.map(lambda key: serve(servers[key], key == "nospec"), servers),
+                               strict=True))
+        infos = {key: servers[key].get_json("/server_info")["internal_states"][0] for key in info_keys}
+    finally:
+        for server in servers.values():
+            server.stop()
+    return results, infos
+
+
 def verdicts(spec: dict, nospec: dict) -> dict:
     counts = {"identical": 0, "tie": 0, "bug": 0}
     bugs = []

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sgl_eagle_triton import config
-from tests.e2e import e2e_server, serve_generate, verdicts
+from tests.e2e import e2e_server, serve_concurrently, serve_generate, verdicts
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -52,17 +51,8 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
                                 ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE,
                                  "--speculative-adaptive-config", str(cost_config)], tmp_path),
     }
-    try:
-        for server in servers.values():
-            server.wait_ready()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            results = dict(zip(servers, pool.map(lambda key: serve_generate(servers[key], key == "nospec"), servers),
-                               strict=True))
-        reports = {key: servers[key].get_json("/server_info")["internal_states"][0]["eagle_triton"]
-                   for key in ("ours", "ours_cycle", "ours_cost")}
-    finally:
-        for server in servers.values():
-            server.stop()
+    results, infos = serve_concurrently(servers, serve_generate, ("ours", "ours_cycle", "ours_cost"))
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
 
     summary = {key: {"accept_length": results[key]["accept_length"],
                      "vs_nospec": verdicts(results[key], results["nospec"])}

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from tests.e2e import e2e_server, serve_generate, verdicts
+from tests.e2e import e2e_server, serve_concurrently, serve_generate, verdicts
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -54,17 +53,8 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         for algo in ("EAGLE3", "EAGLE_TRITON"):
             servers[algo, n] = e2e_server(f"{deployment}-{algo}-{steps}-{topk}-{n}", TARGET,
                                           ["--speculative-algorithm", algo, *spec], tmp_path)
-    try:
-        for server in servers.values():
-            server.wait_ready()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            answers = pool.map(lambda key: serve_generate(servers[key], key == "nospec"), servers)
-            results = dict(zip(servers, answers, strict=True))
-        reports = {n: servers["EAGLE_TRITON", n].get_json("/server_info")["internal_states"][0]["eagle_triton"]
-                   for _, _, n in trees}
-    finally:
-        for server in servers.values():
-            server.stop()
+    results, infos = serve_concurrently(servers, serve_generate, [("EAGLE_TRITON", n) for _, _, n in trees])
+    reports = {n: infos["EAGLE_TRITON", n]["eagle_triton"] for _, _, n in trees}
 
     summary = {"deployment": deployment, "flags": flags, "trees": {}}
     for steps, topk, n in trees:

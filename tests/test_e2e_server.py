@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
-from tests.e2e import CHAT_TOKENS, MAX_NEW_TOKENS, PROMPTS, e2e_server, serve_all, verdicts
+from tests.e2e import CHAT_TOKENS, MAX_NEW_TOKENS, PROMPTS, e2e_server, serve_all, serve_concurrently, verdicts
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -58,17 +58,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
             servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec], tmp_path)
-    try:
-        for s in servers.values():
-            s.wait_ready()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            answers = pool.map(lambda k: serve_all(servers[k], k == "nospec"), servers)
-            results = dict(zip(servers, answers, strict=True))
-        ours_info = {n: servers[("EAGLE_TRITON", n)].get_json("/server_info")["internal_states"][0]
-                     for _, _, n in CONFIGS}
-    finally:
-        for s in servers.values():
-            s.stop()
+    results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in CONFIGS])
+    ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in CONFIGS}
 
     report = {"pair": pair, "configs": {}}
     for steps, topk, n in CONFIGS:
