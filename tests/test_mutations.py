@@ -196,3 +196,42 @@ def test_tree_sampling_with_mirrored_coins_fails(monkeypatch, device):
     with pytest.raises(AssertionError):
         for seed in range(6):
             test_tree_sampling.test_matches_reference(device, seed)
+
+
+def test_verify_greedy_without_the_bonus_token_of_a_one_node_tree_fails(monkeypatch, device):
+    """Adaptive steps 0 (SGLang's one-node tree): a launcher that leaves the root's prediction unwritten."""
+    def corrupt(args, kwargs, result):
+        if args[3].shape[1] == 1:  # candidates [bs, 1]
+            args[0].zero_()
+
+    no_bonus = broken(test_verify_greedy.verify_tree_greedy, corrupt)
+    monkeypatch.setattr(test_verify_greedy, "verify_tree_greedy", no_bonus)
+    with pytest.raises(AssertionError):
+        test_verify_greedy.test_single_node_tree_is_a_plain_decode(device, 5)
+
+
+def test_draft_worker_ignoring_the_shape_in_force_fails(monkeypatch, device):
+    """Adaptive speculation: a draft worker that keeps its first drafter whatever shape SGLang puts in force."""
+    from sgl_eagle_triton.worker import TritonEagleDraftWorker
+    from tests import test_worker
+
+    shape_of = TritonEagleDraftWorker.fused_drafter.fget
+
+    def first_drafter(self):
+        if not self._drafters:
+            return shape_of(self)
+        return next(iter(self._drafters.values()))
+
+    monkeypatch.setattr(TritonEagleDraftWorker, "fused_drafter", property(first_drafter))
+    with pytest.raises(AssertionError):
+        test_worker.test_draft_forward_runs_the_shape_in_force({}, device)
+
+
+def test_adaptive_policy_blind_to_cost_fails(monkeypatch):
+    """A policy that maximises expected tokens alone keeps the deepest chain in a crowd."""
+    from sgl_eagle_triton.adaptive import CostAwarePolicy
+    from tests import test_adaptive
+
+    monkeypatch.setattr(CostAwarePolicy, "value", lambda self, steps, bs: self.acceptance.expected_tokens(steps))
+    with pytest.raises(AssertionError):
+        test_adaptive.test_high_acceptance_drafts_deep_alone_and_shallow_in_a_crowd()
