@@ -220,3 +220,29 @@ class FusedDrafter:
         draft_tokens = torch.empty_like(top_scores_index)
         draft_organize(all_scores, all_tokens, top_scores_index, draft_tokens)
         return parent_list, top_scores_index, draft_tokens, all_scores
+
+    def draft_kv(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """The draft layer's K (RoPE applied) and V [bs, Hkv, D], in the weights' dtype, for tokens ``input_ids``
+        [bs] int64 at ``positions`` [bs] int64 with carried hidden states ``hidden`` [bs, H] (EAGLE-3: the
+        draft's ``fc`` of the target's features; EAGLE-1: the target's hidden state): what a draft extend of one
+        token per request stores in the draft KV cache, without its attention, MLP and LM head (steps 0,
+        :meth:`sgl_eagle_triton.worker.TritonEagleDraftWorker.fill_draft_kv`)."""
+        w = self.w
+        bs, H, D = input_ids.shape[0], w.hidden_size, w.head_dim
+        x = torch.empty(bs, 2 * H, dtype=w.dtype, device=hidden.device)
+        rows = torch.arange(bs, device=hidden.device)
+        if w.eagle3:
+            draft_input(input_ids, w.embed, hidden, rows, x, residual=torch.empty_like(hidden),
+                        input_norm=w.input_norm, hidden_norm=w.hidden_norm, eps=w.eps)
+            attn_in = x
+        else:
+            draft_input(input_ids, w.embed, hidden, rows, x)
+            attn_in = linear(x, w.fc, torch.empty_like(hidden), bias=w.fc_bias)
+        qkv = linear(attn_in, w.qkv, torch.empty(bs, w.qkv.shape[0], dtype=w.dtype, device=hidden.device),
+                     bias=w.qkv_bias)
+        q_size, kv_size = w.num_q_heads * D, w.num_kv_heads * D
+        k = qkv[:, q_size:q_size + kv_size].view(bs, w.num_kv_heads, D)
+        v = qkv[:, q_size + kv_size:].reshape(bs, w.num_kv_heads, D)
+        cos, sin = w.rotary.cos_sin_cache[positions][:, None].chunk(2, dim=-1)  # neox RoPE, fp32 math
+        k1, k2 = k.float().chunk(2, dim=-1)
+        return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1).to(w.dtype), v

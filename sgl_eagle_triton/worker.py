@@ -47,7 +47,7 @@ from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, witnessed
+from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, one_node_verify_attention, witnessed
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,14 @@ KERNELS_IN_USE = {
     "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
 }
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
+DRAFT_KV_FILL = "draft kv fill (steps 0)"
 
 # SGLang names this worker uses without wrapping a caller (checked to exist).
 _SGLANG_NAMES = (
     (eagle_worker_v2, "organize_draft_results"),  # draft check mode
     (eagle_utils, "eagle_sample"),  # our eagle_sample's greedy path
     (eagle_utils, "_verify_coins"),  # our eagle_sample's coins
+    (eagle_utils, "get_draft_recurrent_hidden_state_spec"),  # steps 0: the stubs of a skipped draft extend
     (AdaptiveController, "_activate"),  # the adaptive cycle test knob (config.ADAPTIVE_CYCLE_ENV)
 )
 
@@ -78,6 +80,8 @@ CALL_SITES = (
     (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
     (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "_draft_extend_for_decode"),
+    (EAGLEWorkerV2, "build_adaptive_runtime_state", None, "_get_attention_backend"),
     # the cost-aware adaptive policy stands in for SGLang's params object (sgl_eagle_triton.adaptive)
     (AdaptiveController, "activate_step_by_batch", None, "get_steps_for_batch"),
     (AdaptiveController, "on_verify_complete", None, "on_verify_complete"),
@@ -179,6 +183,7 @@ def our_eagle_sample():
 
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
+_draft_kv = witnessed(FusedDrafter.draft_kv, DRAFT_KV_FILL)
 
 
 class TritonEagleDraftWorker(EagleDraftWorker):
@@ -201,7 +206,53 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             getattr(attn, "k_scale_float", None) or 1.0,
             getattr(attn, "v_scale_float", None) or 1.0,
         )
-        self._drafters = {}
+        self._drafters, self._draft_attention = {}, attn
+
+    # Steps 0 ("off", adaptive): the main worker sets fill_kv_only before each decode step; draft_stale says the
+    # last decode step only filled the draft KV, so the carried top-k and hidden states are stubs (no draft may
+    # start from them until a full draft extend ran).
+    fill_kv_only = False
+    draft_stale = False
+
+    def _draft_extend_for_decode(self, batch, batch_result):
+        if self.fill_kv_only and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
+            self.fill_draft_kv(batch, batch_result)
+            self.draft_stale = True
+            return None
+        result = super()._draft_extend_for_decode(batch, batch_result)
+        self.draft_stale = False
+        return result
+
+    def fill_draft_kv(self, batch, batch_result):
+        """Steps 0 without the draft extend: the draft KV of the one token each request committed (what the extend
+        would store: :meth:`FusedDrafter.draft_kv` of the verified token's successor, the target's features and the
+        verified position, into the verify's KV slots) and stub top-k / hidden states of the right shapes for
+        SGLang's overlap bookkeeping (as its ``_stub_skipped_draft_extend``)."""
+        bs = batch.seq_lens.shape[0]
+        k, v = _draft_kv(self.fused_drafter, batch_result.next_token_ids.to(torch.int64),
+                         self._carried_hidden(batch_result.logits_output.hidden_states), batch.seq_lens.to(torch.int64))
+        attn = self._draft_attention
+        self.draft_runner.token_to_kv_pool.set_kv_buffer(attn, batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
+        draft_input = batch_result.next_draft_input
+        draft_input.topk_p = torch.zeros(bs, self.topk, dtype=torch.float32, device=k.device)
+        draft_input.topk_index = torch.zeros(bs, self.topk, dtype=torch.int64, device=k.device)
+        hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
+        if hidden_size is not None:
+            draft_input.hidden_states = torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=k.device)
+
+    def _carried_hidden(self, target_hidden):
+        """The hidden state a draft extend's layer starts from, by the draft model's own modules (as its forward):
+        EAGLE-3's ``fc`` (after its optional input / per-feature norms) of the target's features; EAGLE-1 takes the
+        target's hidden state itself."""
+        model = self.draft_runner.model.model
+        if target_hidden.shape[-1] == self._drafter_binding[0].hidden_size:
+            return target_hidden
+        if getattr(model, "input_norm", None) is not None:
+            target_hidden = model.input_norm(target_hidden)
+        if getattr(model, "fc_norm", None) is not None:
+            chunks = target_hidden.chunk(model.num_aux_hidden_states, dim=-1)
+            target_hidden = torch.cat([norm(c) for norm, c in zip(model.fc_norm, chunks, strict=True)], dim=-1)
+        return model.fc(target_hidden)
 
     @property
     def fused_drafter(self) -> FusedDrafter:
@@ -288,10 +339,27 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if self._cycle_knob:
             logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
+        self.resumes = 0  # adaptive: decode steps run at 0 with the full draft extend before drafting again
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
             controller = self.adaptive_controller
             self.cost_policy = controller.params = CostAwarePolicy(controller.params.candidate_steps,
                                                                    self.speculative_num_steps)
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per
+        request as a plain decode step (:class:`sgl_eagle_triton.verify.OneNodeVerifyAttention`, Triton backend)."""
+        if speculative_num_steps != 0:
+            return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
+                                                        cuda_graph_bs)
+        runner = self._target_worker.model_runner
+        make_backend = runner._get_attention_backend
+        runner._get_attention_backend = lambda *args, **kwargs: one_node_verify_attention(make_backend(*args,
+                                                                                                       **kwargs))
+        try:
+            return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
+                                                        cuda_graph_bs)
+        finally:
+            del runner._get_attention_backend
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each
@@ -303,6 +371,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         replay = {}
         for steps, state in sorted(states.items()):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
+            if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker)
+                runners = (state.target_graph_runner,)
             for bs, ms in replay_ms(runners, self.cost_policy.cuda_graph_bs or [], state.speculative_num_draft_tokens
                                     ).items():
                 replay[steps, bs] = ms
@@ -337,12 +407,21 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         controller = self.adaptive_controller
         if self._cycle_knob:
             candidates = controller.candidate_steps
-            self._cycle_position = (self._cycle_position + 1) % len(candidates)
-            controller._activate(candidates[self._cycle_position])
+            position = (self._cycle_position + 1) % len(candidates)
+            controller._activate(candidates[position])
         else:
             super().activate_step_by_batch(batch_size)
-        if controller is not None:
-            self.steps_in_force[self.speculative_num_steps] += 1
+        if controller is None:
+            return
+        draft_worker = self.draft_worker
+        resume = self.speculative_num_steps > 0 and draft_worker.draft_stale
+        if resume:  # the last step only filled the draft KV: one more step at 0, with the full draft extend
+            controller._activate(0)
+            self.resumes += 1
+        elif self._cycle_knob:
+            self._cycle_position = position
+        draft_worker.fill_kv_only = not resume
+        self.steps_in_force[self.speculative_num_steps] += 1
         if self.cost_policy is not None and self.cost_policy.costs is None and not self._policy_checked:
             self._policy_checked = True
             message = (f"{ALGORITHM_NAME}: the cost-aware adaptive policy has no costs at the first decode step "
@@ -358,6 +437,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
+            report["adaptive_resumes"] = self.resumes
         if self.cost_policy is not None:
             report["adaptive_policy"] = self.cost_policy.report()
         return report

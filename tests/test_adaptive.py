@@ -183,7 +183,8 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append((runners, n)) or
                         {bs: float(n * bs) for bs in sizes})
     w.init_cuda_graphs()
-    assert seen == [(("d0", "t0", "e0"), 1), (("d3", "t3", "e3"), 4)]
+    # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify graph alone is priced
+    assert seen == [(("t0",), 1), (("d3", "t3", "e3"), 4)]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: {} if n == 4 else {1: 1.0})
     with pytest.raises(RuntimeError, match=r"no CUDA graph to time for steps \[3\]"):

@@ -1,7 +1,8 @@
 """End to end with ``--speculative-adaptive``: servers without speculation, with stock EAGLE3 adaptive and with
 EAGLE_TRITON adaptive (SGLang's default batch brackets, candidate steps {0, 1, 3, 7}, chains), plus EAGLE_TRITON
 adaptive with the cycle knob (``config.ADAPTIVE_CYCLE_ENV``: the step count changes before every decode step,
-mid-request, through 0 = no draft) and with the cost-aware policy (sgl_eagle_triton/adaptive.py), serve the
+mid-request, through 0 = no draft, which fills the draft KV without the draft extend and hands back to drafting
+through one step at 0 with the full extend) and with the cost-aware policy (sgl_eagle_triton/adaptive.py), serve the
 trained tiny pair through ``/generate`` (greedy, deterministic inference; one by one and all at once).
 
 Pass: each EAGLE_TRITON server is tie-aware equal to no speculation (tests/lossless.py), its ``/server_info``
@@ -18,6 +19,7 @@ import os
 import pytest
 
 from sgl_eagle_triton import config
+from sgl_eagle_triton.worker import DRAFT_KV_FILL
 from tests.e2e import e2e_server, serve_concurrently, serve_generate, verdicts
 from tests.tiny_models import TRAINED_PAIR
 
@@ -69,6 +71,9 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
+    # steps 0 filled the draft KV alone, and every move from 0 to a draft went through one full draft extend
+    assert reports["ours_cycle"]["ran"].get(DRAFT_KV_FILL, 0) >= 50, reports["ours_cycle"]["ran"]
+    assert reports["ours_cycle"]["adaptive_resumes"] >= 50, reports["ours_cycle"]
     assert reports["ours"]["adaptive_steps_in_force"], reports["ours"]
     assert summary["ours"]["accept_length"] >= ACCEPT_SHARE * summary["stock"]["accept_length"], summary
     policy = reports["ours_cost"]["adaptive_policy"]  # every candidate priced at every captured batch size

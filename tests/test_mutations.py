@@ -87,6 +87,16 @@ def test_drafter_with_a_short_attention_prefix_fails(monkeypatch, device):
         test_drafter.test_fused_draft_matches_teacher_forced_twin(monkeypatch, device, True, 2, 4, 3, 8, [1, 17])
 
 
+def test_draft_kv_with_rope_one_position_late_fails(monkeypatch, device):
+    """The steps-0 draft KV rotated for the next position (an off-by-one between the verified token and its
+    successor): caught by the twin comparison."""
+    draft_kv = FusedDrafter.draft_kv
+    monkeypatch.setattr(FusedDrafter, "draft_kv", lambda self, ids, hidden, positions: draft_kv(self, ids, hidden,
+                                                                                                  positions + 1))
+    with pytest.raises(AssertionError):
+        test_drafter.test_draft_kv_matches_twin(device, True, torch.bfloat16, 5)
+
+
 def test_draft_attention_off_by_one_row_fails(monkeypatch, device):
     def corrupt(args, kwargs, out):
         out[:-1] = out[1:].clone()

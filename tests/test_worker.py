@@ -104,6 +104,7 @@ def _adaptive_worker(candidates):
 
     w = _verify_worker()
     w.speculative_num_steps, w.steps_in_force, w._cycle_position = candidates[0], Counter(), 0
+    w._draft_worker, w.resumes = SimpleNamespace(draft_stale=False, fill_kv_only=False), 0
     w.apply_runtime_state = lambda state: setattr(w, "speculative_num_steps", state.speculative_num_steps)
     controller = AdaptiveController.__new__(AdaptiveController)
     controller.worker, controller._states = w, {s: SimpleNamespace(speculative_num_steps=s) for s in candidates}
@@ -128,6 +129,37 @@ def test_adaptive_cycle_knob_changes_the_shape_every_step():
         seen.append(w.speculative_num_steps)
     assert seen == [1, 3, 7, 0, 1, 3, 7, 0]
     assert w.kernel_report()["adaptive_steps_in_force"] == {"0": 2, "1": 2, "3": 2, "7": 2}
+
+
+def _run_steps(w, count, batch_size=4):
+    """``count`` decode steps of ``w`` (an :func:`_adaptive_worker`): its draft worker's extend as
+    TritonEagleDraftWorker's (at steps 0 with ``fill_kv_only`` the draft KV alone, leaving the carried state stale;
+    else the full extend); returns the step count each step ran at."""
+    ran = []
+    for _ in range(count):
+        w.activate_step_by_batch(batch_size)
+        dw = w.draft_worker
+        assert not (w.speculative_num_steps > 0 and dw.draft_stale), "a draft from a stale carried state"
+        dw.draft_stale = w.speculative_num_steps == 0 and dw.fill_kv_only
+        ran.append(w.speculative_num_steps)
+    return ran
+
+
+def test_off_fills_the_draft_kv_and_resumes_through_one_full_extend():
+    """At steps 0 the draft extend is skipped (KV only); the policy's move back to a positive step count first runs
+    one more step at 0 with the full draft extend, then drafts."""
+    w = _adaptive_worker([0, 1, 3])
+    want = iter([0, 0, 0, 3, 3, 0, 1, 1])
+    w.adaptive_controller.params.get_steps_for_batch = lambda bs: next(want)
+    assert _run_steps(w, 8) == [0, 0, 0, 0, 3, 0, 0, 1]
+    assert w.resumes == 2 and w.kernel_report()["adaptive_resumes"] == 2
+
+
+def test_cycle_knob_runs_every_candidate_with_off_filling_the_kv():
+    w = _adaptive_worker([0, 1, 3, 7])
+    w._cycle_knob = True
+    assert _run_steps(w, 10) == [1, 3, 7, 0, 0, 1, 3, 7, 0, 0]
+    assert w.resumes == 2
 
 
 def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, caplog):
@@ -344,3 +376,95 @@ def test_draft_weights_accept_fp16(eagle3):
     w, _ = random_draft(eagle3, "cpu", dtype=torch.float16)
     bound = draft_weights(fake_sglang.draft_model(w), w.token_map)
     assert bound.dtype == torch.float16 and bound.qkv is w.qkv and bound.down is w.down
+
+
+# --- steps 0 ("off"): the draft KV without the draft extend; the one-node verify attends as a decode -------------
+
+
+class _RecordingPool:
+    def __init__(self):
+        self.writes = []
+
+    def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
+        self.writes.append((layer, loc, k, v, k_scale, v_scale))
+
+
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, eagle3):
+    """fill_draft_kv stores FusedDrafter.draft_kv of (each request's new token, its carried hidden state: EAGLE-3's
+    fc of the target's features, EAGLE-1's target hidden state, the verified position) at the verify's KV slots,
+    through SGLang's pool with the draft layer's scales, and leaves stubs of SGLang's shapes."""
+    w, gen = random_draft(eagle3, device, seed=11)
+    bs, H = 3, w.hidden_size
+    features = 3 * H if eagle3 else H
+    fc = torch.nn.Linear(features, H, bias=False).to(w.dtype).to(device)
+    dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    dw._drafter_binding, dw._drafters = (w, None, None, None, 1.0, 1.0), {}
+    dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
+    dw._draft_attention = SimpleNamespace(k_scale=None, v_scale=None)
+    pool = _RecordingPool()
+    dw.draft_runner = SimpleNamespace(
+        token_to_kv_pool=pool, model=SimpleNamespace(model=SimpleNamespace(fc=fc, num_aux_hidden_states=3)),
+        spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        model_config=SimpleNamespace(spec_hidden_size=H, dtype=w.dtype))
+    seq_lens = torch.tensor([7, 30, 2], device=device)
+    batch = SimpleNamespace(seq_lens=seq_lens, out_cache_loc=torch.tensor([40, 12, 99], device=device),
+                            forward_mode=fake_sglang.ForwardMode())
+    target_hidden = torch.randn(bs, features, generator=gen).to(w.dtype).to(device)
+    next_tokens = torch.randint(0, w.embed.shape[0], (bs,), generator=gen, dtype=torch.int32).to(device)
+    result = SimpleNamespace(next_token_ids=next_tokens, logits_output=SimpleNamespace(hidden_states=target_hidden),
+                             next_draft_input=SimpleNamespace())
+    dw.fill_kv_only = True
+    assert dw._draft_extend_for_decode(batch, result) is None and dw.draft_stale
+
+    (layer, loc, k, v, k_scale, v_scale), = pool.writes
+    carried = fc(target_hidden) if eagle3 else target_hidden
+    want_k, want_v = dw.fused_drafter.draft_kv(next_tokens.long(), carried, seq_lens)
+    assert layer is dw._draft_attention and torch.equal(loc, batch.out_cache_loc) and k_scale is v_scale is None
+    assert torch.equal(k, want_k) and torch.equal(v, want_v) and fresh_counts[worker.DRAFT_KV_FILL] == 1
+    stub = result.next_draft_input
+    assert stub.topk_p.shape == (bs, 1) and stub.topk_index.dtype == torch.int64
+    assert stub.hidden_states.shape == (bs, H) and stub.hidden_states.dtype == w.dtype
+
+
+def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):
+    monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", lambda self, batch, result: "extended")
+    dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    dw.speculative_num_steps, dw.draft_stale = 0, True
+    batch = SimpleNamespace(forward_mode=fake_sglang.ForwardMode())
+    assert dw._draft_extend_for_decode(batch, None) == "extended" and not dw.draft_stale  # a resume step
+    dw.fill_kv_only, dw.speculative_num_steps = True, 3
+    assert dw._draft_extend_for_decode(batch, None) == "extended"  # only steps 0 skips the extend
+
+
+def test_one_node_verify_attends_as_a_decode(monkeypatch):
+    """OneNodeVerifyAttention hands SGLang's Triton backend a decode view of a verify batch (mode DECODE, no spec
+    info, KV lengths counting the verified token) for eager metadata, graph capture and replay, and runs the
+    verify's attention through forward_decode; other modes pass through."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    seen = []
+    monkeypatch.setattr(TritonAttnBackend, "init_forward_metadata", lambda self, fb: seen.append(("eager", fb)))
+    monkeypatch.setattr(TritonAttnBackend, "init_forward_metadata_out_graph",
+                        lambda self, fb, in_capture=False: seen.append(("graph", fb, in_capture)))
+    monkeypatch.setattr(TritonAttnBackend, "forward_decode", lambda self, *args, **kwargs: "decode")
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", lambda self, *args, **kwargs: "extend")
+    backend = verify.one_node_verify_attention(TritonAttnBackend.__new__(TritonAttnBackend))
+    assert type(backend) is verify.OneNodeVerifyAttention
+    other = SimpleNamespace()
+    assert verify.one_node_verify_attention(other) is other  # other backends keep SGLang's verify attention
+
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info="tree", batch_size=2,
+                            seq_lens=torch.tensor([5, 9]), seq_lens_sum=14, out_cache_loc=torch.tensor([3, 4]))
+    backend.init_forward_metadata(batch)
+    backend.init_forward_metadata_out_graph(batch, in_capture=True)
+    for _, view, *_ in seen:
+        assert view.forward_mode == ForwardMode.DECODE and view.spec_info is None and view.seq_lens_sum == 16
+        assert view.seq_lens.tolist() == [6, 10] and view.out_cache_loc is batch.out_cache_loc
+    assert seen[1][2] is True
+    assert backend.forward_extend(None, None, None, None, batch) == "decode"
+    extend = SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2)
+    assert backend.forward_extend(None, None, None, None, extend) == "extend"
+    backend.init_forward_metadata(extend)
+    assert seen[-1] == ("eager", extend)

@@ -4,7 +4,7 @@ per-op twins. Takes the same :class:`~sgl_eagle_triton.drafter.DraftWeights`."""
 
 import torch
 
-from sgl_eagle_triton.reference.draft_attention import draft_attention
+from sgl_eagle_triton.reference.draft_attention import draft_attention, rope_neox
 from sgl_eagle_triton.reference.draft_select import organize, select_step
 from sgl_eagle_triton.reference.linear import linear, rms_norm
 from sgl_eagle_triton.reference.lm_head_topk import lm_head_logits, lm_head_topk
@@ -43,6 +43,21 @@ def draft_step(w, input_ids, hidden, positions, step, topk, kv, chain_k, chain_v
     if margins is not None:
         margins.append(_gap(torch.softmax(lm_head_logits(head_in, w.lm_head, **norm), dim=-1), topk))
     return p, index, s
+
+
+def draft_kv(w, input_ids, hidden, positions):
+    """Twin of :meth:`FusedDrafter.draft_kv`: the draft layer's roped K and V [bs, Hkv, D] of one token per request
+    (the first part of :func:`draft_step`)."""
+    embeds = w.embed[input_ids]
+    if w.eagle3:
+        x = torch.cat((rms_norm(embeds, w.input_norm, w.eps), rms_norm(hidden, w.hidden_norm, w.eps)), dim=-1)
+    else:
+        x, _ = linear(torch.cat((embeds, hidden), dim=-1), w.fc, bias=w.fc_bias)
+    qkv, _ = linear(x, w.qkv, bias=w.qkv_bias)
+    q_size, kv_size = w.num_q_heads * w.head_dim, w.num_kv_heads * w.head_dim
+    k = qkv[:, q_size:q_size + kv_size].unflatten(1, (w.num_kv_heads, w.head_dim))
+    v = qkv[:, q_size + kv_size:].unflatten(1, (w.num_kv_heads, w.head_dim))
+    return rope_neox(k, positions, w.rotary.cos_sin_cache), v
 
 
 def draft(w, topk, num_steps, num_draft_tokens, topk_p, topk_index, hidden, positions, kv, forward=None):
