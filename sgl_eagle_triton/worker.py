@@ -373,8 +373,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
             if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker)
                 runners = (state.target_graph_runner,)
-            for bs, ms in replay_ms(runners, self.cost_policy.cuda_graph_bs or [], state.speculative_num_draft_tokens
-                                    ).items():
+            # SGLang hands the controller its decode batch sizes only when --cuda-graph-bs-decode is given; else the
+            # sizes the state's verify graphs were captured at
+            sizes = self.cost_policy.cuda_graph_bs or sorted(set(getattr(state.target_graph_runner, "capture_bs", ())))
+            for bs, ms in replay_ms(runners, sizes, state.speculative_num_draft_tokens).items():
                 replay[steps, bs] = ms
         missing = sorted(set(states) - {s for s, _ in replay})
         if missing:

@@ -186,6 +186,16 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify graph alone is priced
     assert seen == [(("t0",), 1), (("d3", "t3", "e3"), 4)]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
+    # without --cuda-graph-bs-decode SGLang hands the controller no sizes: those of each state's verify graphs
+    w.cost_policy = CostAwarePolicy([0, 3], 3)
+    w.cost_policy.set_cuda_graph_bs(None)
+    for state in states.values():
+        state.target_graph_runner = SimpleNamespace(capture_bs=[2, 1, 4])
+    seen.clear()
+    monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append(sizes) or {bs: 1.0 for bs in sizes})
+    w.init_cuda_graphs()
+    assert seen == [[1, 2, 4], [1, 2, 4]] and sorted(w.cost_policy.costs.replay) == [
+        (0, 1), (0, 2), (0, 4), (3, 1), (3, 2), (3, 4)]
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: {} if n == 4 else {1: 1.0})
     with pytest.raises(RuntimeError, match=r"no CUDA graph to time for steps \[3\]"):
         w.init_cuda_graphs()
