@@ -238,11 +238,11 @@ class FusedDrafter:
         else:
             draft_input(input_ids, w.embed, hidden, rows, x)
             attn_in = linear(x, w.fc, torch.empty_like(hidden), bias=w.fc_bias)
-        qkv = linear(attn_in, w.qkv, torch.empty(bs, w.qkv.shape[0], dtype=w.dtype, device=hidden.device),
-                     bias=w.qkv_bias)
-        q_size, kv_size = w.num_q_heads * D, w.num_kv_heads * D
-        k = qkv[:, q_size:q_size + kv_size].view(bs, w.num_kv_heads, D)
-        v = qkv[:, q_size + kv_size:].reshape(bs, w.num_kv_heads, D)
+        q_size, kv_size = w.num_q_heads * D, w.num_kv_heads * D  # the K and V rows of the projection only
+        kv = linear(attn_in, w.qkv[q_size:], torch.empty(bs, 2 * kv_size, dtype=w.dtype, device=hidden.device),
+                    bias=None if w.qkv_bias is None else w.qkv_bias[q_size:])
+        k = kv[:, :kv_size].view(bs, w.num_kv_heads, D)
+        v = kv[:, kv_size:].reshape(bs, w.num_kv_heads, D)
         cos, sin = w.rotary.cos_sin_cache[positions][:, None].chunk(2, dim=-1)  # neox RoPE, fp32 math
         k1, k2 = k.float().chunk(2, dim=-1)
         return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1).to(w.dtype), v

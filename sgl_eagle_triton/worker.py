@@ -206,7 +206,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             getattr(attn, "k_scale_float", None) or 1.0,
             getattr(attn, "v_scale_float", None) or 1.0,
         )
-        self._drafters, self._draft_attention = {}, attn
+        self._drafters, self._draft_attention, self._stubs = {}, attn, {}
 
     # Steps 0 ("off", adaptive): the main worker sets fill_kv_only before each decode step; draft_stale says the
     # last decode step only filled the draft KV, so the carried top-k and hidden states are stubs (no draft may
@@ -234,11 +234,16 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         attn = self._draft_attention
         self.draft_runner.token_to_kv_pool.set_kv_buffer(attn, batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
         draft_input = batch_result.next_draft_input
-        draft_input.topk_p = torch.zeros(bs, self.topk, dtype=torch.float32, device=k.device)
-        draft_input.topk_index = torch.zeros(bs, self.topk, dtype=torch.int64, device=k.device)
-        hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
-        if hidden_size is not None:
-            draft_input.hidden_states = torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=k.device)
+        stubs = self._stubs.get(bs)
+        if stubs is None:  # zeros nobody writes to (SGLang copies them into its future map), kept per batch size
+            hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
+            stubs = self._stubs[bs] = (
+                torch.zeros(bs, self.topk, dtype=torch.float32, device=k.device),
+                torch.zeros(bs, self.topk, dtype=torch.int64, device=k.device),
+                None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=k.device))
+        draft_input.topk_p, draft_input.topk_index, hidden = stubs
+        if hidden is not None:
+            draft_input.hidden_states = hidden
 
     def _carried_hidden(self, target_hidden):
         """The hidden state a draft extend's layer starts from, by the draft model's own modules (as its forward):

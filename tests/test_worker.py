@@ -399,7 +399,7 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     features = 3 * H if eagle3 else H
     fc = torch.nn.Linear(features, H, bias=False).to(w.dtype).to(device)
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
-    dw._drafter_binding, dw._drafters = (w, None, None, None, 1.0, 1.0), {}
+    dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, {}
     dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
     dw._draft_attention = SimpleNamespace(k_scale=None, v_scale=None)
     pool = _RecordingPool()
