@@ -43,7 +43,7 @@ from bench.serve import (
     timed_request,
     write_models,
 )
-from sgl_eagle_triton.launcher import Server
+from sgl_eagle_triton.launcher import Server, exit_on_sigterm
 from sgl_eagle_triton.testing import CODE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,6 +200,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    exit_on_sigterm()  # a `timeout` around a sweep still stops the server it started
     if args.report:
         rows = json.loads(args.report.read_text())
         args.report.with_suffix(".md").write_text(report(rows))

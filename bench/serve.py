@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.trace_breakdown import load_trace, stage_times
-from sgl_eagle_triton.launcher import Client, Server
+from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -307,6 +307,7 @@ def write_report(rows: list[dict], json_path: Path) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    exit_on_sigterm()  # a `timeout` around a sweep still stops the server it started
     if args.report:
         write_report(json.loads(args.report.read_text()), args.report)
         return

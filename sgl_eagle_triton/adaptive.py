@@ -91,11 +91,12 @@ class CycleCost:
     measurement of the rest of the cycle.
     """
 
-    def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1):
+    def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1, first: int = 3):
         self.replay = dict(replay)
         self.sizes = sorted({bs for _, bs in replay})
-        self.alpha = alpha
+        self.alpha, self.first = alpha, first
         self.rest: dict[int, float] = {}  # bucket -> ms of the cycle outside the graphs (EMA)
+        self._early: dict[int, list[float]] = {}  # a bucket's first samples
 
     def bucket(self, batch_size: int) -> int:
         """The captured batch size a batch pads to (the largest when beyond)."""
@@ -115,6 +116,11 @@ class CycleCost:
     def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> None:
         bucket = self.bucket(batch_size)
         rest = max(wall_ms - self.graphs_ms(steps, batch_size), 0.0)
+        early = self._early.setdefault(bucket, [])
+        if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
+            early.append(rest)      # against 5 ms at the first step of a batch size)
+            self.rest[bucket] = sorted(early)[(len(early) - 1) // 2]
+            return
         old = self.rest.get(bucket)
         if old is not None and rest > 3 * old + 1.0:  # a prefill or a pause fell between the two steps
             return

@@ -52,6 +52,12 @@ def free_port() -> int:
             return port
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``'s default signal) end this process through ``SystemExit``, so that ``finally``
+    blocks stop the servers it started: they run in sessions of their own and would outlive it."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def passes_flag(args: Sequence[str], flag: str) -> bool:
     """Whether ``args`` pass ``flag``, as ``--flag VALUE`` or ``--flag=VALUE``."""
     return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -62,7 +62,11 @@ def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
     assert c.cost(3, 40) == 18.0
     c.observe_cycle(3, 64, 20.0)
     assert c.rest[64] == 2.0 and c.cost(0, 64) == 10.0  # the rest is shared by every candidate at that size
+    c.observe_cycle(3, 64, 108.0)  # the first samples' lower median: an early pause does not stick
+    assert c.rest[64] == 2.0
     c.observe_cycle(3, 64, 22.0)
+    assert c.rest[64] == 4.0
+    c.observe_cycle(3, 64, 20.0)  # from the fourth sample on, an EMA
     assert c.rest[64] == 3.0
     c.observe_cycle(3, 64, 80.0)  # a prefill fell between the steps: not a cycle
     assert c.rest[64] == 3.0

@@ -167,3 +167,26 @@ def test_streamed_chunks_are_read_as_they_arrive(tmp_path):
     assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4]
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
     assert min(gaps) > 0.6 * STREAM_GAP_S, gaps
+
+
+def test_sigterm_runs_finally_blocks(tmp_path):
+    """Under ``exit_on_sigterm`` a SIGTERM (``timeout``'s signal) still runs ``finally`` (where benchmarks stop the
+    servers they started); without it the process dies at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "stopped"
+    code = ("import sys, time\nfrom sgl_eagle_triton.launcher import exit_on_sigterm\n"
+            "if sys.argv[1] == 'on': exit_on_sigterm()\n"
+            "print('ready', flush=True)\n"
+            f"try:\n    time.sleep(60)\nfinally:\n    open({str(marker)!r}, 'w').write(sys.argv[1])\n")
+    for mode, stops in (("on", True), ("off", False)):
+        proc = subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        time.sleep(0.1)
+        assert marker.exists() == stops, mode
+        marker.unlink(missing_ok=True)
