@@ -20,6 +20,7 @@ temporaries are allocated per call, so under SGLang's draft CUDA graph they live
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from sgl_eagle_triton.kernels.draft_input import draft_input
 from sgl_eagle_triton.kernels.draft_organize import draft_organize
 from sgl_eagle_triton.kernels.draft_select import draft_select
 from sgl_eagle_triton.kernels.linear import linear
-from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
+from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
 
 
 @dataclass
@@ -75,6 +76,24 @@ class DraftWeights:
     def dtype(self) -> torch.dtype:
         """The model's dtype (bf16 or fp16): that of its activations, weights and KV cache."""
         return self.qkv.dtype
+
+
+@dataclass
+class TensorParallel:
+    """The drafter's rank of SGLang's tensor-parallel group (the target's; SGLang has no separate draft TP size).
+
+    ``all_reduce(t)``: the sum of ``t`` over the ranks, in place, returning ``t``; ``all_gather(t)``: every rank's
+    ``t`` stacked in rank order, ``[size, *t.shape]``; ``embed_shard`` / ``lm_head_shard``: ``(offset, valid)`` of
+    this rank's rows of the embedding / LM head (:func:`vocab_shard`). The rank's :class:`DraftWeights` hold its
+    shards as SGLang loads them: QKV and gate/up column-parallel (its heads, its intermediate columns), o-proj and
+    down row-parallel, embedding and LM head vocabulary-parallel, norms (and EAGLE's ``fc``) whole."""
+
+    size: int
+    rank: int
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    all_gather: Callable[[torch.Tensor], torch.Tensor]
+    embed_shard: tuple[int, int]
+    lm_head_shard: tuple[int, int]
 
 
 def vocab_shard(layer) -> tuple[int, int]:
@@ -141,8 +160,9 @@ class FusedDrafter:
 
     def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                 k_scale: float = 1.0, v_scale: float = 1.0):
+                 k_scale: float = 1.0, v_scale: float = 1.0, tp: TensorParallel | None = None):
         self.w = weights
+        self.tp = tp
         self.topk = topk
         self.num_steps = num_steps
         self.num_draft_tokens = num_draft_tokens
@@ -194,25 +214,15 @@ class FusedDrafter:
             p = new(R, k, dtype=torch.float32)
             index = new(R, k, dtype=torch.int64)
         for step in range(S - 1):
-            if w.eagle3:
-                draft_input(input_ids, w.embed, hidden, hidden_rows, x, residual=residual,
-                            input_norm=w.input_norm, hidden_norm=w.hidden_norm, eps=w.eps)
-                attn_in = x
-            else:
-                draft_input(input_ids, w.embed, hidden, hidden_rows, x)
-                attn_in = linear(x, w.fc, residual, bias=w.fc_bias)
+            attn_in = self._layer_input(input_ids, hidden, hidden_rows, x, residual)
             linear(attn_in, w.qkv, qkv, bias=w.qkv_bias)
             draft_attention(qkv, step_positions, w.rotary.cos_sin_cache, self.k_cache, self.v_cache,
                             self.req_to_token, req_pool_indices, seq_lens, chain_k, chain_v, step, k,
                             w.num_q_heads, w.num_kv_heads, D, D**-0.5, attn, *self.kv_scales)
-            linear(attn, w.o_proj, h1, bias=w.o_bias, residual=residual, out_sum=h1_sum)
+            self._row_parallel(attn, w.o_proj, h1, residual, h1_sum, bias=w.o_bias)
             linear(h1_sum, w.gate_up, act, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
-            linear(act, w.down, s, residual=h1, out_sum=s_sum)
-            if w.eagle3:
-                lm_head_topk(s_sum, w.lm_head, k, norm_weight=w.final_norm, eps=w.eps,
-                             token_map=w.token_map, out_p=p, out_index=index)
-            else:
-                lm_head_topk(s, w.lm_head, k, token_map=w.token_map, out_p=p, out_index=index)
+            self._row_parallel(act, w.down, s, h1, s_sum)
+            self._lm_head(s_sum if w.eagle3 else s, p, index)
             hidden = s
             draft_select(step + 1, S, p, index, *tree)
 
@@ -220,6 +230,54 @@ class FusedDrafter:
         draft_tokens = torch.empty_like(top_scores_index)
         draft_organize(all_scores, all_tokens, top_scores_index, draft_tokens)
         return parent_list, top_scores_index, draft_tokens, all_scores
+
+    def _layer_input(self, input_ids, hidden, hidden_rows, x, residual):
+        """The draft layer's input rows (EAGLE-3: ``x = [norm(embed); hidden_norm(hidden)]``, ``residual`` = the
+        gathered hidden; EAGLE-1: ``fc([embed; hidden])``, also written to ``residual``)."""
+        w = self.w
+        embed = w.embed
+        if self.tp is not None:  # this rank's vocabulary rows, summed over the ranks: the whole embedding's rows
+            embed = self._embed_rows(input_ids)
+            input_ids = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if w.eagle3:
+            draft_input(input_ids, embed, hidden, hidden_rows, x, residual=residual, input_norm=w.input_norm,
+                        hidden_norm=w.hidden_norm, eps=w.eps)
+            return x
+        draft_input(input_ids, embed, hidden, hidden_rows, x)
+        return linear(x, w.fc, residual, bias=w.fc_bias)
+
+    def _embed_rows(self, input_ids):
+        """Under tensor parallelism: ``[R, H]`` embedding rows of ``input_ids``, each from the rank holding it
+        (masked lookups all-reduced: exact, one rank's row plus zeros)."""
+        offset, valid = self.tp.embed_shard
+        local = input_ids - offset
+        mine = (local >= 0) & (local < valid)
+        rows = self.w.embed[local.clamp(0, max(valid - 1, 0))] * mine[:, None].to(self.w.dtype)
+        return self.tp.all_reduce(rows)
+
+    def _row_parallel(self, x, weight, out, residual, out_sum, bias=None):
+        """``out = rnd(x @ weight.T (+ bias) + residual)``, ``out_sum`` its fp32 sum (linear's residual epilogue).
+        Under tensor parallelism ``weight`` holds this rank's input columns: each rank's rounded product (the bias
+        on rank 0, as SGLang's RowParallelLinear) is all-reduced, then added to the residual."""
+        if self.tp is None:
+            return linear(x, weight, out, bias=bias, residual=residual, out_sum=out_sum)
+        linear(x, weight, out, bias=bias if self.tp.rank == 0 else None)
+        torch.add(self.tp.all_reduce(out).float(), residual.float(), out=out_sum)
+        return out.copy_(out_sum)
+
+    def _lm_head(self, head_in, out_p, out_index):
+        """The draft LM head's top-k of each row into ``out_p`` / ``out_index``. Under tensor parallelism each rank
+        reduces its vocabulary shard to ``k`` candidates and a sum, the ranks gather those (``k * 8 + 4`` bytes per
+        row and rank), and every rank merges them into the single-GPU result (``kernels.lm_head_topk``)."""
+        w, k = self.w, self.topk
+        norm = dict(norm_weight=w.final_norm, eps=w.eps) if w.eagle3 else {}
+        if self.tp is None:
+            return lm_head_topk(head_in, w.lm_head, k, token_map=w.token_map, out_p=out_p, out_index=out_index,
+                                **norm)
+        offset, valid = self.tp.lm_head_shard
+        keys, sums = lm_head_topk_shard(head_in, w.lm_head, k, vocab_offset=offset, valid=valid, **norm)
+        return merge_shards(self.tp.all_gather(keys), self.tp.all_gather(sums), w.lm_head.shape[0], k,
+                            token_map=w.token_map, out_p=out_p, out_index=out_index)
 
     def draft_kv(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """The draft layer's K (RoPE applied) and V [bs, Hkv, D], in the weights' dtype, for tokens ``input_ids``
@@ -231,13 +289,7 @@ class FusedDrafter:
         bs, H, D = input_ids.shape[0], w.hidden_size, w.head_dim
         x = torch.empty(bs, 2 * H, dtype=w.dtype, device=hidden.device)
         rows = torch.arange(bs, device=hidden.device)
-        if w.eagle3:
-            draft_input(input_ids, w.embed, hidden, rows, x, residual=torch.empty_like(hidden),
-                        input_norm=w.input_norm, hidden_norm=w.hidden_norm, eps=w.eps)
-            attn_in = x
-        else:
-            draft_input(input_ids, w.embed, hidden, rows, x)
-            attn_in = linear(x, w.fc, torch.empty_like(hidden), bias=w.fc_bias)
+        attn_in = self._layer_input(input_ids, hidden, rows, x, torch.empty_like(hidden))
         q_size, kv_size = w.num_q_heads * D, w.num_kv_heads * D  # the K and V rows of the projection only
         kv = linear(attn_in, w.qkv[q_size:], torch.empty(bs, 2 * kv_size, dtype=w.dtype, device=hidden.device),
                     bias=None if w.qkv_bias is None else w.qkv_bias[q_size:])

@@ -1,0 +1,139 @@
+"""The fused drafter under tensor parallelism on simulated ranks (processes in a gloo group standing in for SGLang's TP
+group):
+each rank holds its shards of a random one-layer draft and of the draft KV pool, as SGLang shards them (QKV and
+gate/up column-parallel by heads / intermediate columns, o-proj and down row-parallel, embedding and LM head
+vocabulary-parallel, norms and EAGLE-1's fc whole, KV heads split), and drafts with
+``FusedDrafter(..., tp=TensorParallel(...))``.
+
+Pass: every rank returns the same tree; it is the single-GPU drafter's tree (the same parents, selected nodes and
+tokens: the inputs have no near-tie at the rounding difference of a row-parallel sum, checked per case), with
+candidate scores within ``SCORE_RTOL``; and no rank sends more than ``topk`` candidates per row across the group
+for the LM head (the all-gathers' widest tensor), never logits.
+"""
+
+import pytest
+import torch
+
+from sgl_eagle_triton.drafter import DraftWeights, FusedDrafter, TensorParallel
+from sgl_eagle_triton.testing import random_batch, random_draft
+
+# Row-parallel sums round each rank's product before adding (SGLang's all-reduce of bf16 / fp16 outputs), one
+# rounding more than one GPU's. Measured on the CPU (interpreter), fp16, this file's cases: largest relative
+# difference of a candidate score (a product of probabilities) from the single-GPU drafter's 0.0137, 0.0105, 0.0096,
+# 0.0003; bound about 2x the largest, as tests/test_drafter.py bounds fp16 against the twin (0.03). A group whose
+# all-reduce returns each rank's own part (embedding rows and row-parallel sums) fails all four cases (shown once).
+SCORE_RTOL = 0.03
+
+
+def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_widths: list) -> TensorParallel:
+    """This process's rank of a gloo group standing in for SGLang's TP group: all-reduce as a gather of every rank's
+    part summed in rank order (deterministic; one rounding to the part's dtype, as an all-reduce of two parts)."""
+    import torch.distributed as dist
+
+    def gather(t):
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous())
+        return parts
+
+    def all_reduce(t):
+        parts = gather(t.float().cpu())
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return t.copy_(total.to(t.device))
+
+    def all_gather(t):
+        gathered_widths.append(t.shape[-1] if t.dim() > 1 else 1)
+        return torch.stack(gather(t.cpu())).to(t.device)
+
+    return TensorParallel(size, rank, all_reduce, all_gather, embed_shard, lm_head_shard)
+
+
+def shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tuple, tuple, slice]:
+    """Rank ``rank``'s draft weights, its embedding / LM-head ``(offset, valid)`` and its KV heads."""
+    D, Hq, Hkv = w.head_dim, w.num_q_heads, w.num_kv_heads
+    hq, hkv, inter = Hq // size, Hkv // size, w.down.shape[1] // size
+    q, k, v = w.qkv.split([Hq * D, Hkv * D, Hkv * D])
+
+    def part(t, n):  # rows of this rank
+        return t[rank * n:(rank + 1) * n]
+
+    qkv = torch.cat([part(q, hq * D), part(k, hkv * D), part(v, hkv * D)]).contiguous()
+    gate, up = w.gate_up.chunk(2)
+    vocab, draft_vocab = w.embed.shape[0] // size, w.lm_head.shape[0] // size
+    local = DraftWeights(
+        eagle3=w.eagle3, embed=part(w.embed, vocab).contiguous(), qkv=qkv,
+        o_proj=w.o_proj[:, rank * hq * D:(rank + 1) * hq * D].contiguous(), post_norm=w.post_norm,
+        gate_up=torch.cat([part(gate, inter), part(up, inter)]).contiguous(),
+        down=w.down[:, rank * inter:(rank + 1) * inter].contiguous(), lm_head=part(w.lm_head, draft_vocab).contiguous(),
+        rotary=w.rotary, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, eps=w.eps, input_norm=w.input_norm,
+        hidden_norm=w.hidden_norm, final_norm=w.final_norm, fc=w.fc, fc_bias=w.fc_bias, token_map=w.token_map,
+        o_bias=w.o_bias if w.o_bias is None else w.o_bias,
+        qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D) for b, n in zip(
+            w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), strict=True)]))
+    return local, (rank * vocab, vocab), (rank * draft_vocab, draft_vocab), slice(rank * hkv, (rank + 1) * hkv)
+
+
+def _case(device, case):
+    eagle3, bs, topk, steps, n, seq_lens, seed = case
+    w, gen = random_draft(eagle3, device, seed=seed, dtype=torch.float16, H=64, Hq=4, Hkv=2, D=16, inter=96,
+                          vocab=300, draft_vocab=120)
+    return w, random_batch(w, bs, topk, steps, seq_lens, gen, device)
+
+
+def _rank_main(rank, size, init_file, out_file, device, case):
+    """One simulated rank (a process): its shards of the case's draft, a draft, its outputs saved."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
+    try:
+        w, batch = _case(device, case)
+        topk, steps, n = case[2:5]
+        local, embed_shard, head_shard, heads = shard(w, rank, size)
+        widths = []
+        drafter = FusedDrafter(local, topk, steps, n, batch["k_cache"][:, heads].contiguous(),
+                               batch["v_cache"][:, heads].contiguous(), batch["req_to_token"],
+                               tp=gloo_member(rank, size, embed_shard, head_shard, widths))
+        positions = batch["positions"].clone()
+        out = drafter.draft(batch["topk_p"], batch["topk_index"], batch["hidden"], positions, batch["seq_lens"],
+                            batch["req_pool_indices"])
+        torch.save(dict(out=[t.cpu() for t in out], positions=positions.cpu(), widths=widths), f"{out_file}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def tp_draft(tmp_path, device, case, size=2):
+    """Every simulated rank's ``{"out", "positions", "widths"}`` (ranks are processes: the Triton interpreter is not
+    thread-safe)."""
+    import torch.multiprocessing as mp
+
+    out_file = tmp_path / "rank"
+    mp.spawn(_rank_main, args=(size, str(tmp_path / "init"), str(out_file), device, case), nprocs=size)
+    return [torch.load(f"{out_file}.{rank}") for rank in range(size)]
+
+
+CASES = [  # eagle3, bs, topk, steps, n, prefix lengths, seed
+    (True, 1, 4, 3, 8, [9], 0),
+    (True, 3, 2, 4, 7, [9, 3, 30], 1),
+    (False, 2, 4, 3, 8, [1, 17], 2),
+    (True, 1, 1, 3, 4, [7], 3),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'eagle3' if c[0] else 'eagle1'}-bs{c[1]}-k{c[2]}-s{c[3]}")
+def test_tensor_parallel_draft_is_the_single_gpu_draft(tmp_path, device, case):
+    w, batch = _case(device, case)
+    topk, steps, n = case[2:5]
+    positions = batch["positions"].clone()
+    single = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"]).draft(
+        batch["topk_p"], batch["topk_index"], batch["hidden"], positions, batch["seq_lens"], batch["req_pool_indices"])
+    ranks = tp_draft(tmp_path, device, case)
+    names = ("parent_list", "top_scores_index", "draft_tokens")
+    for rank in ranks:  # every rank the same tree, the single-GPU one
+        for name, got, want in zip(names, rank["out"][:3], single[:3], strict=True):
+            assert torch.equal(got, want.cpu()), name
+        assert torch.equal(rank["positions"], positions.cpu())
+        assert rank["widths"] and max(rank["widths"]) <= topk  # k candidates per row cross the group, never logits
+    scores, want = ranks[0]["out"][3], single[3].cpu()
+    rel = ((scores - want).abs() / want.abs().clamp_min(1e-30)).max()
+    assert rel < SCORE_RTOL, rel
