@@ -4,6 +4,7 @@
         [--systems nospec eagle3 eagle_triton] [--configs 5,8,32 3,1,4] [--batches 1 8 32]
     python -m bench.serve --report bench/results/serve.json      # table + plot from collected rows
     python -m bench.serve ... --server-flags "--kv-cache-dtype fp8_e4m3"   # every server with these flags too
+    python -m bench.serve ... --tp 2                  # every server tensor-parallel (rows: tp, flags "--tp-size 2")
 
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
@@ -40,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.trace_breakdown import load_trace, stage_times
+from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV
 from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,8 +294,12 @@ def parse_args(argv=None):
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="forward passes profiled per batch for the stage breakdown (0: none)")
     parser.add_argument("--server-flags", default="", help="extra flags for every server (rows keep them: 'flags')")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
+                        "EAGLE_TRITON's is a trial under config.EXPERIMENTAL_TP_ENV until its GPU tests pass)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
+    if args.tp > 1:  # rows are compared within one flag set: the TP size is part of it
+        args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
     for steps, topk, n in args.configs:
         if topk == 1 and n != steps + 1:
             parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")
@@ -320,7 +326,8 @@ def main(argv=None):
         for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
             name = f"{system}-{'-'.join(map(str, config))}"
             server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config),
-                                                *shlex.split(args.server_flags)], args.workdir)
+                                                *shlex.split(args.server_flags)], args.workdir,
+                            env={EXPERIMENTAL_TP_ENV: "1"} if args.tp > 1 else None)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
@@ -333,7 +340,8 @@ def main(argv=None):
                         except Exception as e:  # the cycle time stands without its breakdown
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, flags=args.server_flags, draft_ms=draft_ms(stages), stages=stages,
+                                     batch=batch, flags=args.server_flags, tp=args.tp, draft_ms=draft_ms(stages),
+                                     stages=stages,
                                      gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
                     print(name, batch, result, json.dumps(stages), flush=True)

@@ -17,7 +17,7 @@ import copy
 import logging
 import os
 
-from sgl_eagle_triton import simulated_acceptance
+from sgl_eagle_triton import ALGORITHM_NAME, simulated_acceptance
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
 DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 # Tests: under --speculative-adaptive, switch to the next candidate step count before every decode step (worker.py)
 ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
+# --tp > 1 is built (drafter.TensorParallel) but not yet run on GPUs: refused unless this is 1 (GPU tests, trials)
+EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -223,8 +225,14 @@ def _validate(sa) -> None:
         _refuse("--speculative-draft-window-size", "Drop the flag.")
     if sa.enable_dp_attention:
         _refuse("--enable-dp-attention", "Drop the flag.")
-    if sa.tp_size != 1 or sa.pp_size != 1:
-        _refuse(f"tensor/pipeline parallelism (tp={sa.tp_size}, pp={sa.pp_size}) yet", "Use --tp 1 --pp 1.")
+    if sa.pp_size != 1:
+        _refuse(f"pipeline parallelism (pp={sa.pp_size})", "Use --pp 1.")
+    if sa.tp_size != 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+        _refuse(f"tensor parallelism (tp={sa.tp_size}) yet: built, not yet run on GPUs",
+                f"Use --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
+    if sa.tp_size != 1:
+        logger.warning("%s: --tp %d under %s=1: tensor parallelism has not been run on GPUs yet", ALGORITHM_NAME,
+                       sa.tp_size, EXPERIMENTAL_TP_ENV)
     if sa.disaggregation_mode not in (None, "null"):
         _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
     if sa.enable_lora:

@@ -44,7 +44,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
-from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
+from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel, draft_weights, vocab_shard
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, one_node_verify_attention, witnessed
@@ -181,6 +181,21 @@ def our_eagle_sample():
     return simulated_acceptance.wrap(verify.eagle_sample) if simulated_acceptance.active() else verify.eagle_sample
 
 
+def tensor_parallel(draft_runner) -> TensorParallel | None:
+    """The fused drafter's :class:`~sgl_eagle_triton.drafter.TensorParallel` on the draft runner's TP group (SGLang's
+    ``GroupCoordinator``: its all-reduce and all-gather, custom all-reduce and CUDA-graph capture included, as the
+    draft model's own layers use them), or None on one GPU."""
+    group = getattr(draft_runner, "tp_group", None)
+    if group is None or group.world_size == 1:
+        return None
+    model = draft_runner.model
+    return TensorParallel(
+        size=group.world_size, rank=group.rank_in_group,
+        all_reduce=lambda t: t.copy_(group.all_reduce(t)),
+        all_gather=lambda t: group.all_gather(t.unsqueeze(0).contiguous(), dim=0),
+        embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
+
+
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _draft_kv = witnessed(FusedDrafter.draft_kv, DRAFT_KV_FILL)
@@ -207,6 +222,9 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             getattr(attn, "v_scale_float", None) or 1.0,
         )
         self._drafters, self._draft_attention, self._stubs = {}, attn, {}
+        self._tensor_parallel = tensor_parallel(self.draft_runner)
+
+    _tensor_parallel = None
 
     # Steps 0 ("off", adaptive): the main worker sets fill_kv_only before each decode step; draft_stale says the
     # last decode step only filled the draft KV, so the carried top-k and hidden states are stubs (no draft may
@@ -269,7 +287,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         if drafter is None:
             weights, k_cache, v_cache, req_to_token, k_scale, v_scale = self._drafter_binding
             drafter = self._drafters[shape] = FusedDrafter(weights, *shape, k_cache, v_cache, req_to_token,
-                                                           k_scale, v_scale)
+                                                           k_scale, v_scale, tp=self._tensor_parallel)
         return drafter
 
     def draft_forward(self, forward_batch):

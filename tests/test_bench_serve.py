@@ -129,3 +129,22 @@ def test_measure_against_a_streaming_stub(monkeypatch):
         server.shutdown()
     assert result["cycle_ms"] == pytest.approx(50, rel=0.4) and result["mean_cycle_ms"] == pytest.approx(90, rel=0.4)
     assert result["chunks_per_cycle"] == 1.0 and result["accept_length"] == 1.0
+
+
+def test_tensor_parallel_servers_are_their_own_flag_set():
+    args = serve.parse_args(["--tp", "2", "--server-flags", "--page-size 16"])
+    assert args.tp == 2 and args.server_flags == "--page-size 16 --tp-size 2"
+    assert serve.parse_args([]).server_flags == ""
+
+
+def test_draft_lm_head_exchange_is_k_candidates_per_row_not_logits():
+    """bench.tp_bytes: per draft forward and rank, ours sends k candidates and a sum per row, stock its logits
+    shard; at TP 2 with 8B shapes ours is under 1/100 of stock's (issue 13's bound), the all-reduces equal."""
+    from bench import tp_bytes
+
+    b = tp_bytes.bytes_per_forward(rows=8, topk=8, hidden=4096, draft_vocab=32000, tp=2)
+    assert b["ours_lm_head"] == 8 * (8 * 8 + 4)  # one other rank receives this rank's 8 rows x (8 keys + a sum)
+    assert b["stock_lm_head"] == 8 * 16000 * 2  # its half of the bf16 logits
+    assert b["all_reduces"] == 3 * 8 * 4096 * 2  # embedding, o-proj, down: each sent once in a two-rank ring
+    assert b["ours_lm_head"] * 100 <= b["stock_lm_head"]
+    assert "| llama-3.1-8b-eagle3 | 2 | 8 x 8 | 4,352 | 2,048,000 | 1/471 |" in tp_bytes.table()

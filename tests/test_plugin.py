@@ -199,8 +199,8 @@ def _unsupported_draft(tmp_path):
         (["--speculative-adaptive", "--enable-two-batch-overlap"],
          "--speculative-adaptive with enable_two_batch_overlap=True is not supported"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
-        (["--tp", "2"], "tensor/pipeline parallelism (tp=2, pp=1)"),
-        (["--pp-size", "2"], "tensor/pipeline parallelism (tp=1, pp=2)"),
+        (["--tp", "2"], "tensor parallelism (tp=2) yet: built, not yet run on GPUs"),
+        (["--pp-size", "2"], "pipeline parallelism (pp=2)"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
         (["--kv-cache-dtype", "fp4_e2m1"], "--kv-cache-dtype fp4_e2m1"),
@@ -212,6 +212,14 @@ def _unsupported_draft(tmp_path):
 def test_refused_at_start(extra, message):
     with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
         _args(*extra)
+
+
+def test_tensor_parallelism_is_an_explicit_trial(monkeypatch):
+    """--tp > 1 starts only with config.EXPERIMENTAL_TP_ENV=1 (built, not yet GPU-run); --pp > 1 never."""
+    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
+    assert _args("--tp", "2").tp_size == 2
+    with pytest.raises(EagleTritonConfigError, match=re.escape("pipeline parallelism (pp=2)")):
+        _args("--pp-size", "2")
 
 
 def test_adaptive_runs_as_stock_eagle3s(tmp_path):

@@ -468,3 +468,28 @@ def test_one_node_verify_attends_as_a_decode(monkeypatch):
     assert backend.forward_extend(None, None, None, None, extend) == "extend"
     backend.init_forward_metadata(extend)
     assert seen[-1] == ("eager", extend)
+
+
+def test_tensor_parallel_binds_sglangs_tp_group_and_vocabulary_shards(pool_worker):
+    """With a TP group of several ranks the drafter gets its all-reduce / all-gather and the rank's embedding and
+    LM-head shards (SGLang's ``shard_indices``); on one GPU none (the drafter's one-GPU path)."""
+    dw, w, pools = pool_worker
+    dw.draft_runner.tp_group = SimpleNamespace(world_size=1)
+    dw.alloc_memory_pool(memory_pool_config=None)
+    assert dw.fused_drafter.tp is None
+
+    calls = []
+    group = SimpleNamespace(
+        world_size=2, rank_in_group=1, all_reduce=lambda t: calls.append("reduce") or t * 2,
+        all_gather=lambda t, dim: calls.append(("gather", tuple(t.shape), dim)) or torch.cat([t, t]))
+    model = dw.draft_runner.model
+    shard = SimpleNamespace
+    model.model.embed_tokens.shard_indices = shard(padded_org_vocab_start_index=160, num_org_elements=140)
+    model.lm_head.shard_indices = shard(padded_org_vocab_start_index=64, num_org_elements=56)
+    dw.draft_runner.tp_group = group
+    dw.alloc_memory_pool(memory_pool_config=None)
+    tp = dw.fused_drafter.tp
+    assert (tp.size, tp.rank, tp.embed_shard, tp.lm_head_shard) == (2, 1, (160, 140), (64, 56))
+    t = torch.ones(3)
+    assert tp.all_reduce(t) is t and t.tolist() == [2.0] * 3  # in place
+    assert tp.all_gather(torch.ones(4, 2)).shape == (2, 4, 2) and calls == ["reduce", ("gather", (1, 4, 2), 0)]
