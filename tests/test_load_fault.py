@@ -146,22 +146,27 @@ def _memory_mib(server: Server) -> dict:
     return {"server_rss": sum(p.memory_info().rss for p in procs) / 2**20, "gpu_used": (total - free) / 2**20}
 
 
-@pytest.mark.parametrize("mode", ["static", "adaptive_cycle"])
+@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "tp2"])
 def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
-    count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects."""
+    count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
+    ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
+    if mode == "tp2" and torch.cuda.device_count() < 2:
+        pytest.skip("tp2 needs 2 GPUs (device kind nvidia-h100-x2)")
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
+    parallel = ["--tp", "2"] if mode == "tp2" else []
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
     shape = (["--speculative-adaptive"] if mode == "adaptive_cycle" else
              ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
               "--speculative-num-draft-tokens", str(n)])
-    env = {config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else None
+    env = ({config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else
+           {config.EXPERIMENTAL_TP_ENV: "1"} if mode == "tp2" else None)
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
-        *LOAD_ARGS,
+        *LOAD_ARGS, *parallel,
     ], tmp_path, env=env)
-    nospec = e2e_server("load-nospec", target, LOAD_ARGS, tmp_path)
+    nospec = e2e_server("load-nospec", target, [*LOAD_ARGS, *parallel], tmp_path)
     mix = build_mix(N_REQUESTS, reserved=ADAPTIVE_RESERVED if mode == "adaptive_cycle" else reserved_tokens(*SPEC_TREE))
     report = {"requests": N_REQUESTS, "concurrency": CONCURRENCY, "tolerance_mib": TOLERANCE_MIB, "runs": []}
     try:
