@@ -23,7 +23,9 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
+from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
 from tests.e2e import CHAT_TOKENS, MAX_NEW_TOKENS, PROMPTS, e2e_server, serve_all, serve_concurrently, verdicts
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
@@ -48,20 +50,33 @@ def _pair(name: str, tmp_path):
     return str(target), str(draft), "EAGLE"
 
 
+def _parallel(parallel: str) -> tuple[list[str], dict | None]:
+    """The servers' flags and environment for ``tp1`` (one GPU) or ``tp2`` (tensor parallelism on two GPUs, an
+    explicit trial: config.EXPERIMENTAL_TP_ENV)."""
+    if parallel == "tp1":
+        return [], None
+    if torch.cuda.device_count() < 2:
+        pytest.skip("tp2 needs 2 GPUs (device kind nvidia-h100-x2)")
+    return ["--tp", "2"], {config.EXPERIMENTAL_TP_ENV: "1"}
+
+
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
-def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
+@pytest.mark.parametrize("parallel", ["tp1", "tp2"])
+def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
-    servers = {"nospec": e2e_server(f"{pair}-nospec", target, [], tmp_path)}
+    flags, env = _parallel(parallel)
+    servers = {"nospec": e2e_server(f"{pair}-nospec", target, flags, tmp_path, env=env)}
     for steps, topk, n in CONFIGS:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
-            servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec], tmp_path)
+            servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec, *flags], tmp_path,
+                                            env=env)
     results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in CONFIGS])
     ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in CONFIGS}
 
-    report = {"pair": pair, "configs": {}}
+    report = {"pair": pair, "parallel": parallel, "configs": {}}
     for steps, topk, n in CONFIGS:
         ours, stock = results[("EAGLE_TRITON", n)], results[(stock_algo, n)]
         entry = {
@@ -73,7 +88,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         report["configs"][f"{steps},{topk},{n}"] = entry
     print(json.dumps(report, indent=1))
     if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}.json"), "w") as f:
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}-{parallel}.json"), "w") as f:
             json.dump(report, f, indent=1)
 
     for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items(), strict=True):
@@ -93,15 +108,18 @@ def test_eagle_triton_serves_like_stock_and_lossless(pair, tmp_path):
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
 
 
-def test_sampled_requests_are_served_and_reproducible(tmp_path):
+@pytest.mark.parametrize("parallel", ["tp1", "tp2"])
+def test_sampled_requests_are_served_and_reproducible(parallel, tmp_path):
     """Sampled traffic on EAGLE_TRITON: no errors, seeded outputs identical across two runs, and
-    greedy requests riding in the same (sampled) batches still produce their greedy tokens."""
+    greedy requests riding in the same (sampled) batches still produce their greedy tokens (under TP every rank
+    verifies with the same coins, or the ranks' outputs would part and the server fail)."""
     target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
-    server = e2e_server("tiny-code-EAGLE_TRITON-sampling", target, [
+    flags, env = _parallel(parallel)
+    server = e2e_server(f"tiny-code-EAGLE_TRITON-sampling-{parallel}", target, [
         "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
-        "--max-running-requests", "64",
-    ], tmp_path)
+        "--max-running-requests", "64", *flags,
+    ], tmp_path, env=env)
     prompts = (PROMPTS * 4)[:50]
 
     def sampled(i):
