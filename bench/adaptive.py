@@ -186,7 +186,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive.json")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
-    parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (3, 1, 4)],
+    parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (4, 4, 16), (3, 1, 4)],  # large, mid, chain
                         type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--simulate-acc-len", type=float, default=3.5)
