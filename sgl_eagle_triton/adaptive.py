@@ -168,6 +168,11 @@ class CostAwarePolicy:
         self._last_step = (now, self.current, batch_size)
         return self.current
 
+    def forget_last_step(self) -> None:
+        """The decode step just announced runs another state than the policy's (the worker's resume from steps 0):
+        its cycle is not timed."""
+        self._last_step = None
+
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
         """Feed one verify; returns the new step count when the policy switches, else None."""
         self._since_switch += 1

@@ -167,6 +167,10 @@ def _check_adaptive(sa) -> None:
     if policy not in ADAPTIVE_POLICIES:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} {policy!r}",
                 f"Use one of {', '.join(ADAPTIVE_POLICIES)}.")
+    if policy == "cost" and sa.tp_size > 1:
+        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --tp {sa.tp_size} yet (each rank "
+                "would time its own cycles and could switch to another shape than the others)",
+                "Use the sglang policy (the same accept counts on every rank) or --tp 1.")
     if policy == "cost" and sa.disable_cuda_graph:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --disable-cuda-graph (it prices "
                 "each candidate by replaying its CUDA graphs)", "Drop --disable-cuda-graph or use the sglang policy.")
@@ -227,6 +231,11 @@ def _validate(sa) -> None:
         _refuse("--enable-dp-attention", "Drop the flag.")
     if sa.pp_size != 1:
         _refuse(f"pipeline parallelism (pp={sa.pp_size})", "Use --pp 1.")
+    if getattr(sa, "dcp_size", 1) != 1 or getattr(sa, "attn_cp_size", 1) not in (None, 1):
+        # DCP shards the KV cache by position (writes at loc // dcp_size), attention CP the heads' reduction group:
+        # neither the draft attention nor the steps-0 KV fill follows them
+        _refuse(f"context parallelism (--dcp-size {getattr(sa, 'dcp_size', 1)}, --attn-cp-size "
+                f"{getattr(sa, 'attn_cp_size', 1)})", "Use --dcp-size 1 --attn-cp-size 1.")
     if sa.tp_size != 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
         _refuse(f"tensor parallelism (tp={sa.tp_size}) yet: built, not yet run on GPUs",
                 f"Use --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")

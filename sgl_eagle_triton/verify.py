@@ -158,8 +158,9 @@ class _AsDecode:
         self._batch = forward_batch
         self.forward_mode, self.spec_info = ForwardMode.DECODE, None
         self.seq_lens = forward_batch.seq_lens + 1
-        total = forward_batch.seq_lens_sum
+        total, lens_cpu = forward_batch.seq_lens_sum, getattr(forward_batch, "seq_lens_cpu", None)
         self.seq_lens_sum = None if total is None else total + forward_batch.batch_size
+        self.seq_lens_cpu = None if lens_cpu is None else lens_cpu + 1
 
     def __getattr__(self, name):
         return getattr(self._batch, name)

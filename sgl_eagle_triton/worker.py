@@ -221,7 +221,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             getattr(attn, "k_scale_float", None) or 1.0,
             getattr(attn, "v_scale_float", None) or 1.0,
         )
-        self._drafters, self._draft_attention, self._stubs = {}, attn, {}
+        self._drafters, self._draft_attention, self._stubs = {}, attn, None
         self._tensor_parallel = tensor_parallel(self.draft_runner)
 
     _tensor_parallel = None
@@ -238,7 +238,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             self.draft_stale = True
             return None
         result = super()._draft_extend_for_decode(batch, batch_result)
-        self.draft_stale = False
+        if not batch.forward_mode.is_idle():  # an idle batch extends nobody: the running requests keep their state
+            self.draft_stale = False
         return result
 
     def fill_draft_kv(self, batch, batch_result):
@@ -252,16 +253,18 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         attn = self._draft_attention
         self.draft_runner.token_to_kv_pool.set_kv_buffer(attn, batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
         draft_input = batch_result.next_draft_input
-        stubs = self._stubs.get(bs)
-        if stubs is None:  # zeros nobody writes to (SGLang copies them into its future map), kept per batch size
+        # zeros nobody writes to (SGLang indexes, concatenates or copies them into its future map): one set, as many
+        # rows as the largest batch so far, viewed per batch
+        if self._stubs is None or self._stubs[0].shape[0] < bs:
             hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
-            stubs = self._stubs[bs] = (
+            self._stubs = (
                 torch.zeros(bs, self.topk, dtype=torch.float32, device=k.device),
                 torch.zeros(bs, self.topk, dtype=torch.int64, device=k.device),
                 None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=k.device))
-        draft_input.topk_p, draft_input.topk_index, hidden = stubs
+        topk_p, topk_index, hidden = self._stubs
+        draft_input.topk_p, draft_input.topk_index = topk_p[:bs], topk_index[:bs]
         if hidden is not None:
-            draft_input.hidden_states = hidden
+            draft_input.hidden_states = hidden[:bs]
 
     def _carried_hidden(self, target_hidden):
         """The hidden state a draft extend's layer starts from, by the draft model's own modules (as its forward):
@@ -443,6 +446,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if resume:  # the last step only filled the draft KV: one more step at 0, with the full draft extend
             controller._activate(0)
             self.resumes += 1
+            if self.cost_policy is not None:  # this cycle is not one of the policy's state: do not time it
+                self.cost_policy.forget_last_step()
         elif self._cycle_knob:
             self._cycle_position = position
         draft_worker.fill_kv_only = not resume

@@ -201,6 +201,7 @@ def _unsupported_draft(tmp_path):
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
         (["--tp", "2"], "tensor parallelism (tp=2) yet: built, not yet run on GPUs"),
         (["--pp-size", "2"], "pipeline parallelism (pp=2)"),
+        (["--tp", "2", "--dcp-size", "2"], "context parallelism (--dcp-size 2"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
         (["--kv-cache-dtype", "fp4_e2m1"], "--kv-cache-dtype fp4_e2m1"),
@@ -258,7 +259,7 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
     assert any(hook is config.shared_logits_rows for _, hook, _ in hooks)
 
 
-def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path):
+def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path, monkeypatch):
     cfg = tmp_path / "adaptive.json"
     cfg.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
     sa = _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
@@ -266,6 +267,9 @@ def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path):
     assert config.adaptive_policy(_args("--speculative-adaptive")) == "sglang"
     with pytest.raises(EagleTritonConfigError, match="'cost' with --disable-cuda-graph"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--disable-cuda-graph")
+    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")  # each TP rank would time its own cycles
+    with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 2"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp", "2")
     cfg.write_text(json.dumps({"eagle_triton_policy": "greedy", "1": {"candidate_steps": [0, 1]}}))
     with pytest.raises(EagleTritonConfigError, match="eagle_triton_policy 'greedy'"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))

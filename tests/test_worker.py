@@ -151,8 +151,11 @@ def test_off_fills_the_draft_kv_and_resumes_through_one_full_extend():
     w = _adaptive_worker([0, 1, 3])
     want = iter([0, 0, 0, 3, 3, 0, 1, 1])
     w.adaptive_controller.params.get_steps_for_batch = lambda bs: next(want)
+    forgotten = []  # the cost policy does not time a resume step as one of its state's cycles
+    w.cost_policy = SimpleNamespace(costs=True, forget_last_step=lambda: forgotten.append(w.speculative_num_steps),
+                                    report=dict)
     assert _run_steps(w, 8) == [0, 0, 0, 0, 3, 0, 0, 1]
-    assert w.resumes == 2 and w.kernel_report()["adaptive_resumes"] == 2
+    assert w.resumes == 2 and w.kernel_report()["adaptive_resumes"] == 2 and forgotten == [0, 0]
 
 
 def test_cycle_knob_runs_every_candidate_with_off_filling_the_kv():
@@ -399,7 +402,7 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     features = 3 * H if eagle3 else H
     fc = torch.nn.Linear(features, H, bias=False).to(w.dtype).to(device)
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
-    dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, {}
+    dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, None
     dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
     dw._draft_attention = SimpleNamespace(k_scale=None, v_scale=None)
     pool = _RecordingPool()
@@ -425,6 +428,18 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     stub = result.next_draft_input
     assert stub.topk_p.shape == (bs, 1) and stub.topk_index.dtype == torch.int64
     assert stub.hidden_states.shape == (bs, H) and stub.hidden_states.dtype == w.dtype
+    assert not stub.topk_p.any() and not stub.hidden_states.any()
+
+    def fill(rows):  # the stubs of a batch of ``rows`` requests
+        b = SimpleNamespace(seq_lens=seq_lens[:rows], out_cache_loc=batch.out_cache_loc[:rows],
+                            forward_mode=batch.forward_mode)
+        r = SimpleNamespace(next_token_ids=next_tokens[:rows], next_draft_input=SimpleNamespace(),
+                            logits_output=SimpleNamespace(hidden_states=target_hidden[:rows]))
+        dw.fill_draft_kv(b, r)
+        return r.next_draft_input
+
+    smaller = fill(2)  # views of one zero buffer, as large as the largest batch so far
+    assert smaller.hidden_states.shape == (2, H) and smaller.hidden_states.data_ptr() == stub.hidden_states.data_ptr()
 
 
 def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):
@@ -435,6 +450,9 @@ def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):
     assert dw._draft_extend_for_decode(batch, None) == "extended" and not dw.draft_stale  # a resume step
     dw.fill_kv_only, dw.speculative_num_steps = True, 3
     assert dw._draft_extend_for_decode(batch, None) == "extended"  # only steps 0 skips the extend
+    dw.draft_stale = True
+    idle = SimpleNamespace(forward_mode=fake_sglang.ForwardMode(idle=True))
+    assert dw._draft_extend_for_decode(idle, None) == "extended" and dw.draft_stale  # an idle batch extends nobody
 
 
 def test_one_node_verify_attends_as_a_decode(monkeypatch):
