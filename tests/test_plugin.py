@@ -219,6 +219,8 @@ def test_tensor_parallelism_is_an_explicit_trial(monkeypatch):
     """--tp > 1 starts only with config.EXPERIMENTAL_TP_ENV=1 (built, not yet GPU-run); --pp > 1 never."""
     monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
     assert _args("--tp", "2").tp_size == 2
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-token-map with --tp 2")):
+        _args("--tp", "2", "--speculative-token-map", "map.pt")
     with pytest.raises(EagleTritonConfigError, match=re.escape("pipeline parallelism (pp=2)")):
         _args("--pp-size", "2")
 
