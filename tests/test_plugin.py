@@ -221,6 +221,8 @@ def test_tensor_parallelism_is_an_explicit_trial(monkeypatch):
     assert _args("--tp", "2").tp_size == 2
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-token-map with --tp 2")):
         _args("--tp", "2", "--speculative-token-map", "map.pt")
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--enable-symm-mem with --tp 2")):
+        _args("--tp", "2", "--enable-symm-mem")
     with pytest.raises(EagleTritonConfigError, match=re.escape("pipeline parallelism (pp=2)")):
         _args("--pp-size", "2")
 
