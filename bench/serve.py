@@ -63,6 +63,11 @@ LLAMA_8B = {
     "torch_dtype": "bfloat16",
 }
 DRAFT_VOCAB = 32000
+# The random draft's LM head: weights of this std give logits of std ~5 (the final RMSNorm makes the hidden state's
+# RMS 1, so std = DRAFT_HEAD_STD * sqrt(4096)): a confident draft, whose trees grow deep along its best candidates as
+# a trained draft's do. At 0.02 (std 1.3, nearly uniform) EAGLE's (5,8,32) selection made trees only 2 deep; under
+# the tree-aware simulated acceptance they then committed less than a chain of 3 (bench/README.md).
+DRAFT_HEAD_STD, WEIGHT_STD = 0.08, 0.02
 
 
 def write_models(workdir: Path) -> tuple[Path, Path]:
@@ -73,11 +78,12 @@ def write_models(workdir: Path) -> tuple[Path, Path]:
     target, draft = workdir / "llama-3.1-8b", workdir / "llama-3.1-8b-eagle3"
     target.mkdir(parents=True, exist_ok=True)
     (target / "config.json").write_text(json.dumps({**LLAMA_8B, "architectures": ["LlamaForCausalLM"]}))
-    if (draft / "model.safetensors").exists():
+    if (draft / "model.safetensors").exists() and json.loads((draft / "config.json").read_text()).get(
+            "bench_lm_head_std") == DRAFT_HEAD_STD:
         return target, draft
     draft.mkdir(parents=True, exist_ok=True)
     cfg = {**LLAMA_8B, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-           "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": 4096}
+           "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": 4096, "bench_lm_head_std": DRAFT_HEAD_STD}
     (draft / "config.json").write_text(json.dumps(cfg))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device).manual_seed(0)
@@ -89,7 +95,8 @@ def write_models(workdir: Path) -> tuple[Path, Path]:
         "midlayer.mlp.up_proj.weight": (i, h), "midlayer.mlp.down_proj.weight": (h, i),
         "lm_head.weight": (DRAFT_VOCAB, h),
     }
-    tensors = {name: (torch.randn(shape, generator=gen, device=device) * 0.02).bfloat16().cpu()
+    tensors = {name: (torch.randn(shape, generator=gen, device=device)
+                      * (DRAFT_HEAD_STD if name == "lm_head.weight" else WEIGHT_STD)).bfloat16().cpu()
                for name, shape in shapes.items()}
     for norm in ("midlayer.hidden_norm", "midlayer.input_layernorm", "midlayer.post_attention_layernorm", "norm"):
         tensors[f"{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
