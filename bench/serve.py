@@ -5,6 +5,7 @@
     python -m bench.serve --report bench/results/serve.json      # table + plot from collected rows
     python -m bench.serve ... --server-flags "--kv-cache-dtype fp8_e4m3"   # every server with these flags too
     python -m bench.serve ... --tp 2                  # every server tensor-parallel (rows: tp, flags "--tp-size 2")
+    python -m bench.serve ... --model llama-3.1-70b --tp 4   # 70B shapes (four GPUs)
 
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
@@ -62,42 +63,53 @@ LLAMA_8B = {
     "vocab_size": 128256, "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128009,
     "torch_dtype": "bfloat16",
 }
+LLAMA_70B = {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+             "num_attention_heads": 64}
+MODELS = {"llama-3.1-8b": LLAMA_8B, "llama-3.1-70b": LLAMA_70B}  # served with dummy weights; drafts: EAGLE-3 shapes
 DRAFT_VOCAB = 32000
-# The random draft's LM head: weights of this std give logits of std ~5 (the final RMSNorm makes the hidden state's
-# RMS 1, so std = DRAFT_HEAD_STD * sqrt(4096)): a confident draft, whose trees grow deep along its best candidates as
-# a trained draft's do. At 0.02 (std 1.3, nearly uniform) EAGLE's (5,8,32) selection made trees only 2 deep; under
+# The random draft's LM head gives logits of std ~5 (weights of std 5 / sqrt(hidden): the final RMSNorm makes the
+# hidden state's RMS 1): a confident draft, whose trees grow deep along its best candidates as a trained draft's do.
+# With all weights at 0.02 (logit std 1.3, nearly uniform) EAGLE's (5,8,32) selection made trees only 2 deep; under
 # the tree-aware simulated acceptance they then committed less than a chain of 3 (bench/README.md).
-DRAFT_HEAD_STD, WEIGHT_STD = 0.08, 0.02
+DRAFT_LOGIT_STD, WEIGHT_STD = 5.0, 0.02
 
 
-def write_models(workdir: Path) -> tuple[Path, Path]:
-    """The 8B target config (weights: dummy) and a random-weight EAGLE-3 draft checkpoint of its shape."""
-    import torch
-    from safetensors.torch import save_file
-
-    target, draft = workdir / "llama-3.1-8b", workdir / "llama-3.1-8b-eagle3"
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps({**LLAMA_8B, "architectures": ["LlamaForCausalLM"]}))
-    if (draft / "model.safetensors").exists() and json.loads((draft / "config.json").read_text()).get(
-            "bench_lm_head_std") == DRAFT_HEAD_STD:
-        return target, draft
-    draft.mkdir(parents=True, exist_ok=True)
-    cfg = {**LLAMA_8B, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-           "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": 4096, "bench_lm_head_std": DRAFT_HEAD_STD}
-    (draft / "config.json").write_text(json.dumps(cfg))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device).manual_seed(0)
-    h, i, v = 4096, 14336, LLAMA_8B["vocab_size"]
-    shapes = {
-        "fc.weight": (h, 3 * h), "midlayer.self_attn.q_proj.weight": (h, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (1024, 2 * h), "midlayer.self_attn.v_proj.weight": (1024, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, h), "midlayer.mlp.gate_proj.weight": (i, h),
+def draft_shapes(model: dict) -> dict[str, tuple[int, int]]:
+    """The EAGLE-3 draft's weight shapes for a Llama target config (one layer of the target's widths)."""
+    h, i = model["hidden_size"], model["intermediate_size"]
+    q, kv = model["num_attention_heads"] * model["head_dim"], model["num_key_value_heads"] * model["head_dim"]
+    return {
+        "fc.weight": (h, 3 * h), "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h), "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q), "midlayer.mlp.gate_proj.weight": (i, h),
         "midlayer.mlp.up_proj.weight": (i, h), "midlayer.mlp.down_proj.weight": (h, i),
         "lm_head.weight": (DRAFT_VOCAB, h),
     }
+
+
+def write_models(workdir: Path, model: str = "llama-3.1-8b") -> tuple[Path, Path]:
+    """The target config of ``model`` (weights: dummy) and a random-weight EAGLE-3 draft checkpoint of its shape."""
+    import torch
+    from safetensors.torch import save_file
+
+    spec = MODELS[model]
+    target, draft = workdir / model, workdir / f"{model}-eagle3"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps({**spec, "architectures": ["LlamaForCausalLM"]}))
+    if (draft / "model.safetensors").exists() and json.loads((draft / "config.json").read_text()).get(
+            "bench_draft_logit_std") == DRAFT_LOGIT_STD:
+        return target, draft
+    draft.mkdir(parents=True, exist_ok=True)
+    h, v = spec["hidden_size"], spec["vocab_size"]
+    cfg = {**spec, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+           "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": h, "bench_draft_logit_std": DRAFT_LOGIT_STD}
+    (draft / "config.json").write_text(json.dumps(cfg))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device).manual_seed(0)
+    head_std = DRAFT_LOGIT_STD / h**0.5
     tensors = {name: (torch.randn(shape, generator=gen, device=device)
-                      * (DRAFT_HEAD_STD if name == "lm_head.weight" else WEIGHT_STD)).bfloat16().cpu()
-               for name, shape in shapes.items()}
+                      * (head_std if name == "lm_head.weight" else WEIGHT_STD)).bfloat16().cpu()
+               for name, shape in draft_shapes(spec).items()}
     for norm in ("midlayer.hidden_norm", "midlayer.input_layernorm", "midlayer.post_attention_layernorm", "norm"):
         tensors[f"{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
     hot = torch.randperm(v, generator=torch.Generator().manual_seed(0))[:DRAFT_VOCAB].sort().values
@@ -301,6 +313,8 @@ def parse_args(argv=None):
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="forward passes profiled per batch for the stage breakdown (0: none)")
     parser.add_argument("--server-flags", default="", help="extra flags for every server (rows keep them: 'flags')")
+    parser.add_argument("--model", choices=list(MODELS), default="llama-3.1-8b",
+                        help="target shapes (dummy weights) and its EAGLE-3 draft's (rows: 'model')")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
                         "EAGLE_TRITON's is a trial under config.EXPERIMENTAL_TP_ENV until its GPU tests pass)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
@@ -327,7 +341,7 @@ def main(argv=None):
     import sglang
     import torch
 
-    target, draft = write_models(args.workdir)
+    target, draft = write_models(args.workdir, args.model)
     gpu, rows = torch.cuda.get_device_name(), []
     for system in args.systems:
         for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
@@ -347,7 +361,8 @@ def main(argv=None):
                         except Exception as e:  # the cycle time stands without its breakdown
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, flags=args.server_flags, tp=args.tp, draft_ms=draft_ms(stages),
+                                     batch=batch, flags=args.server_flags, tp=args.tp, model=args.model,
+                                     draft_ms=draft_ms(stages),
                                      stages=stages,
                                      gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))

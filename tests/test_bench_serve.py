@@ -148,3 +148,14 @@ def test_draft_lm_head_exchange_is_k_candidates_per_row_not_logits():
     assert b["all_reduces"] == 3 * 8 * 4096 * 2  # embedding, o-proj, down: each sent once in a two-rank ring
     assert b["ours_lm_head"] * 100 <= b["stock_lm_head"]
     assert "| llama-3.1-8b-eagle3 | 2 | 8 x 8 | 4,352 | 2,048,000 | 1/471 |" in tp_bytes.table()
+
+
+def test_draft_shapes_follow_the_target():
+    """The random EAGLE-3 drafts have their target's widths (8B: the shapes every published row ran with)."""
+    eight = serve.draft_shapes(serve.MODELS["llama-3.1-8b"])
+    assert eight["fc.weight"] == (4096, 12288) and eight["midlayer.self_attn.k_proj.weight"] == (1024, 8192)
+    assert eight["midlayer.self_attn.o_proj.weight"] == (4096, 4096) and eight["lm_head.weight"] == (32000, 4096)
+    seventy = serve.draft_shapes(serve.MODELS["llama-3.1-70b"])
+    assert seventy["midlayer.self_attn.q_proj.weight"] == (8192, 16384)
+    assert seventy["midlayer.mlp.down_proj.weight"] == (8192, 28672)
+    assert serve.parse_args(["--model", "llama-3.1-70b", "--tp", "4"]).server_flags == "--tp-size 4"
