@@ -10,6 +10,13 @@ forward). The draft, its tree building and token selection are ours:
   worker's ``speculative_num_steps`` / ``speculative_num_draft_tokens`` between steps: each graph holds the
   drafter of its shape, an eager draft picks the one in force);
 
+- adaptive steps 0 ("off", docs/adaptive.md): the state's target attention verifies its one node per request as
+  a decode step (:func:`sgl_eagle_triton.verify.one_node_verify_attention`, when SGLang builds the state), and
+  the draft extend is replaced by a fill of the committed tokens' draft KV
+  (:meth:`TritonEagleDraftWorker.fill_draft_kv`); the move back to drafting runs one more step at 0 with the full
+  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`);
+- under ``--tp`` > 1 (a trial): the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
+
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
 
 - tree building: ``eagle_worker_common.build_tree_kernel_efficient`` during
