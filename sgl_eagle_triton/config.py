@@ -93,6 +93,8 @@ def _check_fused_drafter(sa) -> None:
                 "fused RoPE path, whose fp32 cos/sin table the fused drafter reads).")
     if not getattr(cfg, "rope_is_neox_style", True):
         _refuse(f"non-neox RoPE drafts ({path})", "Use a Llama draft with neox-style RoPE.")
+    if sa.tp_size > 1:
+        _check_tensor_parallel_draft(cfg, sa.tp_size, path)
     target_cfg = _hf_config(sa.model_path, sa.trust_remote_code)
     draft_dtype, target_dtype = _model_dtype(cfg, sa.dtype), _model_dtype(target_cfg, sa.dtype)
     if draft_dtype not in ("bfloat16", "float16"):
@@ -104,6 +106,21 @@ def _check_fused_drafter(sa) -> None:
     if sa.kv_cache_dtype in ("bf16", "bfloat16") and draft_dtype != "bfloat16":
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} with a {draft_dtype} model (the draft attention reads a pool "
                 "in the model's dtype or FP8)", "Use --kv-cache-dtype auto, fp8_e4m3 or fp8_e5m2.")
+
+
+def _check_tensor_parallel_draft(cfg, tp: int, path: str) -> None:
+    """Refuse a draft SGLang cannot shard over ``tp`` ranks as the fused drafter reads it: query heads and MLP columns
+    split evenly; KV heads split evenly, or replicated when fewer than the ranks (a whole number of ranks per head)."""
+    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if heads % tp:
+        _refuse(f"--tp {tp} with a draft of {heads} attention heads ({path})",
+                "Use a --tp that divides the draft's attention heads.")
+    if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
+        _refuse(f"--tp {tp} with a draft of {kv_heads} KV heads ({path})",
+                "Use a --tp that divides the draft's KV heads, or a multiple of them.")
+    if cfg.intermediate_size % tp:
+        _refuse(f"--tp {tp} with a draft MLP of {cfg.intermediate_size} columns ({path})",
+                "Use a --tp that divides the draft's intermediate size.")
 
 
 def resolve_draft_kind(draft_model_path: str, trust_remote_code: bool = False) -> str:

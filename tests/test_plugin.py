@@ -223,6 +223,12 @@ def test_tensor_parallelism_is_an_explicit_trial(monkeypatch):
         _args("--tp", "2", "--speculative-token-map", "map.pt")
     with pytest.raises(EagleTritonConfigError, match=re.escape("--enable-symm-mem with --tp 2")):
         _args("--tp", "2", "--enable-symm-mem")
+    # the trained pair's draft: 4 attention heads, 2 KV heads, 512 MLP columns
+    assert _args("--tp", "4").tp_size == 4  # KV heads replicated, two ranks each
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 3 with a draft of 4 attention heads")):
+        _args("--tp", "3")
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 8 with a draft of 4 attention heads")):
+        _args("--tp", "8")
     with pytest.raises(EagleTritonConfigError, match=re.escape("pipeline parallelism (pp=2)")):
         _args("--pp-size", "2")
 
