@@ -1,5 +1,7 @@
 """The benchmark harness's pure-Python part (report formatting) runs in CPU CI so it cannot rot."""
 
+import pytest
+
 from bench import drafter, kernels
 
 
@@ -36,3 +38,20 @@ def test_drafter_kv_markdown_compares_each_format_with_bf16_page1():
     assert "| 5,8,32 | 8 | bf16 | 16 | 1010 | 500 | 2.02 | 1.010 |" in table
     assert "| 5,8,32 | 8 | fp8_e4m3 | 1 | 950 | 500 | 1.90 | 0.950 |" in table
     assert [kv for kv, _ in drafter.KV_FORMATS][:1] == [None] and drafter.kv_name(None) == "bf16"
+
+
+def test_tree_shape_monte_carlo():
+    """bench.tree_shape: a flat draft's (5,8,32) trees stay 2 levels deep and commit less than the chain of 3 under
+    the tree-aware profile; a confident draft's grow deeper and commit more; chains are deterministic."""
+    from bench import tree_shape
+    from sgl_eagle_triton.adaptive import chain_tokens
+    from sgl_eagle_triton.simulated_acceptance import PROFILES
+
+    flat_tokens, flat_depth = tree_shape.shape_stats(5, 8, 32, 1.28, trials=3)
+    sure_tokens, sure_depth = tree_shape.shape_stats(5, 8, 32, 5.0, trials=3)
+    assert flat_depth == 2.0 and flat_tokens < 3.0 and sure_depth >= 4.0 and sure_tokens > 3.5
+    p = PROFILES["llama31-8b-eagle3"]
+    chain = chain_tokens(p["rank_probs"][0] * p["depth_decay"] ** d for d in range(3))
+    assert tree_shape.shape_stats(3, 1, 4, 5.0, trials=2)[0] == pytest.approx(chain)
+    tokens = tree_shape.expected_tokens([(0,), (1,), (0, 0)], [0.5, 0.25], 1.0)
+    assert tokens == pytest.approx(1 + 0.5 + 0.25 + 0.5 * 0.5)
