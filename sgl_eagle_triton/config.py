@@ -253,16 +253,16 @@ def _validate(sa) -> None:
         # neither the draft attention nor the steps-0 KV fill follows them
         _refuse(f"context parallelism (--dcp-size {getattr(sa, 'dcp_size', 1)}, --attn-cp-size "
                 f"{getattr(sa, 'attn_cp_size', 1)})", "Use --dcp-size 1 --attn-cp-size 1.")
-    if sa.tp_size != 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
-        _refuse(f"tensor parallelism (tp={sa.tp_size}) yet: built, not yet run on GPUs",
-                f"Use --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
-    if sa.tp_size != 1 and getattr(sa, "enable_symm_mem", False):
-        # its in-place all-reduce expects inputs in symmetric memory; the drafter's are plain allocations
-        _refuse(f"--enable-symm-mem with --tp {sa.tp_size} yet", "Drop --enable-symm-mem or use --tp 1.")
-    if sa.tp_size != 1 and getattr(sa, "speculative_token_map", None):
-        # SGLang indexes the rank's LM-head shard with the map's whole-vocabulary ids (init_lm_head)
-        _refuse(f"--speculative-token-map with --tp {sa.tp_size}", "Drop the token map or use --tp 1.")
     if sa.tp_size != 1:
+        if os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+            _refuse(f"tensor parallelism (tp={sa.tp_size}) yet: built, not yet run on GPUs",
+                    f"Use --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
+        if getattr(sa, "enable_symm_mem", False):
+            # its in-place all-reduce expects inputs in symmetric memory; the drafter's are plain allocations
+            _refuse(f"--enable-symm-mem with --tp {sa.tp_size} yet", "Drop --enable-symm-mem or use --tp 1.")
+        if getattr(sa, "speculative_token_map", None):
+            # SGLang indexes the rank's LM-head shard with the map's whole-vocabulary ids (init_lm_head)
+            _refuse(f"--speculative-token-map with --tp {sa.tp_size}", "Drop the token map or use --tp 1.")
         logger.warning("%s: --tp %d under %s=1: tensor parallelism has not been run on GPUs yet", ALGORITHM_NAME,
                        sa.tp_size, EXPERIMENTAL_TP_ENV)
     if sa.disaggregation_mode not in (None, "null"):

@@ -172,7 +172,8 @@ def _witness(what: str, before: int, when: str) -> None:
 
 @contextmanager
 def _swapped(module, name: str, replacement):
-    """Rebind ``module.name`` for the duration of the block; fails loudly if SGLang moved it."""
+    """Rebind ``module.name`` (a module's global, or an object's attribute) for the duration of the block; fails
+    loudly if SGLang moved it."""
     original = getattr(module, name)
     setattr(module, name, replacement)
     try:
@@ -386,13 +387,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                                                         cuda_graph_bs)
         runner = self._target_worker.model_runner
         make_backend = runner._get_attention_backend
-        runner._get_attention_backend = lambda *args, **kwargs: one_node_verify_attention(make_backend(*args,
-                                                                                                       **kwargs))
-        try:
+        with _swapped(runner, "_get_attention_backend",
+                      lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
             return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
                                                         cuda_graph_bs)
-        finally:
-            del runner._get_attention_backend
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each

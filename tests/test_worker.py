@@ -511,3 +511,20 @@ def test_tensor_parallel_binds_sglangs_tp_group_and_vocabulary_shards(pool_worke
     t = torch.ones(3)
     assert tp.all_reduce(t) is t and t.tolist() == [2.0] * 3  # in place
     assert tp.all_gather(torch.ones(4, 2)).shape == (2, 4, 2) and calls == ["reduce", ("gather", (1, 4, 2), 0)]
+
+
+def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
+    """build_adaptive_runtime_state: while SGLang builds steps 0's state, the target backends it makes attend as
+    OneNodeVerifyAttention; other states' and later backends stay SGLang's."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    def stock_build(self, steps, n, cuda_graph_bs=None):  # SGLang builds the state's target backend this way
+        return self._target_worker.model_runner._get_attention_backend(init_new_workspace=True)
+
+    monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", stock_build)
+    runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: TritonAttnBackend.__new__(TritonAttnBackend))
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._target_worker = SimpleNamespace(model_runner=runner)
+    assert type(w.build_adaptive_runtime_state(0, 1)) is verify.OneNodeVerifyAttention
+    assert type(w.build_adaptive_runtime_state(3, 4)) is TritonAttnBackend
+    assert type(runner._get_attention_backend()) is TritonAttnBackend  # SGLang's again after the build
