@@ -10,6 +10,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+import torch
+
+from sgl_eagle_triton import config
 from sgl_eagle_triton.launcher import Server
 from sgl_eagle_triton.testing import CODE_PROMPTS
 from tests.lossless import tie_aware_compare, top2_logprobs
@@ -33,6 +37,17 @@ def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,
     """A started (not yet ready) server with ``COMMON_ARGS``, then ``args`` (a flag given again there wins);
     its log is ``log_dir/<name>.log``."""
     return Server(name, model_path, [*COMMON_ARGS, *args], log_dir, env=env)
+
+
+# Tensor parallelism over two GPUs: the servers' flags and environment (--tp > 1 is an explicit trial until the
+# GPU tests written for it have passed)
+TP2_FLAGS, TP2_ENV = ["--tp", "2"], {config.EXPERIMENTAL_TP_ENV: "1"}
+
+
+def require_gpus(count: int, what: str) -> None:
+    """Skip the test unless this host has ``count`` GPUs (the device kind nvidia-h100-x2 has two)."""
+    if torch.cuda.device_count() < count:
+        pytest.skip(f"{what} needs {count} GPUs (device kind nvidia-h100-x{count})")
 
 
 PROMPTS = list(CODE_PROMPTS)

@@ -14,10 +14,8 @@ import json
 import os
 
 import pytest
-import torch
 
-from sgl_eagle_triton import config
-from tests.e2e import e2e_server, serve_concurrently, serve_generate, verdicts
+from tests.e2e import TP2_ENV, TP2_FLAGS, e2e_server, require_gpus, serve_concurrently, serve_generate, verdicts
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -33,10 +31,10 @@ DEPLOYMENTS = {
     "fp16": (["--dtype", "float16"], [(5, 4, 16)]),
     "flashinfer": (["--attention-backend", "flashinfer"], [(5, 1, 6), (5, 4, 16)]),
     "dp2": (["--dp", "2"], [(5, 1, 6), (5, 4, 16)]),  # two data-parallel replicas: a machine of two GPUs
-    "tp2": (["--tp", "2"], [(5, 1, 6), (5, 4, 16)]),  # tensor parallelism on SGLang's TP group (issue 13)
+    "tp2": (TP2_FLAGS, [(5, 1, 6), (5, 4, 16)]),  # tensor parallelism on SGLang's TP group (issue 13)
 }
 GPUS_NEEDED = {"dp2": 2, "tp2": 2}
-ENV = {"tp2": {config.EXPERIMENTAL_TP_ENV: "1"}}  # --tp > 1 is an explicit trial until this test has passed
+ENV = {"tp2": TP2_ENV}
 ACCEPT_SHARE = 0.98
 # Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
 # places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
@@ -47,8 +45,7 @@ STOCK_DEPARTS = {"fp8_e4m3", "fp8_e5m2"}
 @pytest.mark.parametrize("deployment", list(DEPLOYMENTS))
 def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
     flags, trees = DEPLOYMENTS[deployment]
-    if torch.cuda.device_count() < GPUS_NEEDED.get(deployment, 1):
-        pytest.skip(f"{deployment} needs {GPUS_NEEDED[deployment]} GPUs (device kind nvidia-h100-x2)")
+    require_gpus(GPUS_NEEDED.get(deployment, 1), deployment)
     env = ENV.get(deployment)
     servers = {"nospec": e2e_server(f"{deployment}-nospec", TARGET, flags, tmp_path, env=env)}
     for steps, topk, n in trees:

@@ -23,11 +23,20 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
-from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
-from tests.e2e import CHAT_TOKENS, MAX_NEW_TOKENS, PROMPTS, e2e_server, serve_all, serve_concurrently, verdicts
+from tests.e2e import (
+    CHAT_TOKENS,
+    MAX_NEW_TOKENS,
+    PROMPTS,
+    TP2_ENV,
+    TP2_FLAGS,
+    e2e_server,
+    require_gpus,
+    serve_all,
+    serve_concurrently,
+    verdicts,
+)
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -55,9 +64,8 @@ def _parallel(parallel: str) -> tuple[list[str], dict | None]:
     explicit trial: config.EXPERIMENTAL_TP_ENV)."""
     if parallel == "tp1":
         return [], None
-    if torch.cuda.device_count() < 2:
-        pytest.skip("tp2 needs 2 GPUs (device kind nvidia-h100-x2)")
-    return ["--tp", "2"], {config.EXPERIMENTAL_TP_ENV: "1"}
+    require_gpus(2, parallel)
+    return TP2_FLAGS, TP2_ENV
 
 
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])

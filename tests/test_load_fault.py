@@ -26,7 +26,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
-from tests.e2e import e2e_server
+from tests.e2e import TP2_ENV, TP2_FLAGS, e2e_server, require_gpus
 from tests.load_mix import (
     ADAPTIVE_RESERVED,
     CONTEXT_LEN,
@@ -151,17 +151,17 @@ def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
     ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
-    if mode == "tp2" and torch.cuda.device_count() < 2:
-        pytest.skip("tp2 needs 2 GPUs (device kind nvidia-h100-x2)")
+    if mode == "tp2":
+        require_gpus(2, mode)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
-    parallel = ["--tp", "2"] if mode == "tp2" else []
+    parallel = TP2_FLAGS if mode == "tp2" else []
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
     shape = (["--speculative-adaptive"] if mode == "adaptive_cycle" else
              ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
               "--speculative-num-draft-tokens", str(n)])
     env = ({config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else
-           {config.EXPERIMENTAL_TP_ENV: "1"} if mode == "tp2" else None)
+           TP2_ENV if mode == "tp2" else None)
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,
