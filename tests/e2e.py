@@ -39,15 +39,19 @@ def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,
     return Server(name, model_path, [*COMMON_ARGS, *args], log_dir, env=env)
 
 
-# Tensor parallelism over two GPUs: the servers' flags and environment (--tp > 1 is an explicit trial until the
-# GPU tests written for it have passed)
-TP2_FLAGS, TP2_ENV = ["--tp", "2"], {config.EXPERIMENTAL_TP_ENV: "1"}
-
-
 def require_gpus(count: int, what: str) -> None:
     """Skip the test unless this host has ``count`` GPUs (the device kind nvidia-h100-x2 has two)."""
     if torch.cuda.device_count() < count:
         pytest.skip(f"{what} needs {count} GPUs (device kind nvidia-h100-x{count})")
+
+
+def tensor_parallel(size: int) -> tuple[list[str], dict | None]:
+    """The servers' flags and environment for tensor parallelism over ``size`` GPUs (``[], None`` for one); skips
+    the test on a host with fewer GPUs. ``--tp`` > 1 is an explicit trial until its GPU tests have passed."""
+    if size == 1:
+        return [], None
+    require_gpus(size, f"--tp {size}")
+    return ["--tp", str(size)], {config.EXPERIMENTAL_TP_ENV: "1"}
 
 
 PROMPTS = list(CODE_PROMPTS)

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from tests.e2e import TP2_ENV, TP2_FLAGS, e2e_server, require_gpus, serve_concurrently, serve_generate, verdicts
+from tests.e2e import e2e_server, require_gpus, serve_concurrently, serve_generate, tensor_parallel, verdicts
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -31,10 +31,9 @@ DEPLOYMENTS = {
     "fp16": (["--dtype", "float16"], [(5, 4, 16)]),
     "flashinfer": (["--attention-backend", "flashinfer"], [(5, 1, 6), (5, 4, 16)]),
     "dp2": (["--dp", "2"], [(5, 1, 6), (5, 4, 16)]),  # two data-parallel replicas: a machine of two GPUs
-    "tp2": (TP2_FLAGS, [(5, 1, 6), (5, 4, 16)]),  # tensor parallelism on SGLang's TP group (issue 13)
+    "tp2": (["--tp", "2"], [(5, 1, 6), (5, 4, 16)]),  # tensor parallelism on SGLang's TP group (issue 13)
 }
-GPUS_NEEDED = {"dp2": 2, "tp2": 2}
-ENV = {"tp2": TP2_ENV}
+GPUS_NEEDED = {"dp2": 2}
 ACCEPT_SHARE = 0.98
 # Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
 # places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
@@ -46,7 +45,7 @@ STOCK_DEPARTS = {"fp8_e4m3", "fp8_e5m2"}
 def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
     flags, trees = DEPLOYMENTS[deployment]
     require_gpus(GPUS_NEEDED.get(deployment, 1), deployment)
-    env = ENV.get(deployment)
+    env = tensor_parallel(2)[1] if deployment == "tp2" else None
     servers = {"nospec": e2e_server(f"{deployment}-nospec", TARGET, flags, tmp_path, env=env)}
     for steps, topk, n in trees:
         spec = [*flags, "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", str(steps),

@@ -29,12 +29,10 @@ from tests.e2e import (
     CHAT_TOKENS,
     MAX_NEW_TOKENS,
     PROMPTS,
-    TP2_ENV,
-    TP2_FLAGS,
     e2e_server,
-    require_gpus,
     serve_all,
     serve_concurrently,
+    tensor_parallel,
     verdicts,
 )
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
@@ -60,16 +58,12 @@ def _pair(name: str, tmp_path):
 
 
 def _parallel(parallel: str) -> tuple[list[str], dict | None]:
-    """The servers' flags and environment for ``tp1`` (one GPU) or ``tp2`` (tensor parallelism on two GPUs, an
-    explicit trial: config.EXPERIMENTAL_TP_ENV)."""
-    if parallel == "tp1":
-        return [], None
-    require_gpus(2, parallel)
-    return TP2_FLAGS, TP2_ENV
+    """The servers' flags and environment for ``tp1`` (one GPU), ``tp2`` or ``tp4`` (tensor parallelism)."""
+    return tensor_parallel(int(parallel.removeprefix("tp")))
 
 
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
-@pytest.mark.parametrize("parallel", ["tp1", "tp2"])
+@pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])
 def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
     flags, env = _parallel(parallel)
@@ -116,7 +110,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
 
 
-@pytest.mark.parametrize("parallel", ["tp1", "tp2"])
+@pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])
 def test_sampled_requests_are_served_and_reproducible(parallel, tmp_path):
     """Sampled traffic on EAGLE_TRITON: no errors, seeded outputs identical across two runs, and
     greedy requests riding in the same (sampled) batches still produce their greedy tokens (under TP every rank

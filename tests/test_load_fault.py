@@ -26,7 +26,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
-from tests.e2e import TP2_ENV, TP2_FLAGS, e2e_server, require_gpus
+from tests.e2e import e2e_server, tensor_parallel
 from tests.load_mix import (
     ADAPTIVE_RESERVED,
     CONTEXT_LEN,
@@ -151,17 +151,15 @@ def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
     ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
-    if mode == "tp2":
-        require_gpus(2, mode)
+    parallel, tp_env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
-    parallel = TP2_FLAGS if mode == "tp2" else []
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
     shape = (["--speculative-adaptive"] if mode == "adaptive_cycle" else
              ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
               "--speculative-num-draft-tokens", str(n)])
     env = ({config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else
-           TP2_ENV if mode == "tp2" else None)
+           tp_env)
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,
