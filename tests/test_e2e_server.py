@@ -42,9 +42,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 CONFIGS = [(5, 1, 6), (5, 4, 16)]
 # Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
 # of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
-# Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run.
-TRAINED_ACCEPT_LENGTH = {(5, 1, 6): 1.975, (5, 4, 16): 2.244}
-ACCEPT_MARGIN = 0.03
+# Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run. Tensor
+# parallelism changes the target's rounding (bf16 all-reduces), and with it what is accepted: stock at --tp 2
+# (4 x H200, 2026-11-26) 1.913 / 2.182, 3 % under one GPU's. --tp 4 not yet measured: one GPU's, margin doubled.
+TRAINED_ACCEPT_LENGTH = {
+    "tp1": {(5, 1, 6): 1.975, (5, 4, 16): 2.244},
+    "tp2": {(5, 1, 6): 1.913, (5, 4, 16): 2.182},
+    "tp4": {(5, 1, 6): 1.975, (5, 4, 16): 2.244},
+}
+ACCEPT_MARGIN = {"tp1": 0.03, "tp2": 0.03, "tp4": 0.06}
 # Measured in the draft check (H100, 2026-11-26): share of request drafts whose tree equals SGLang's own.
 SAME_TREE_RATE = {"tiny-code-eagle3": 0.784, "random-eagle1": 0.670}
 SAME_TREE_MARGIN = 0.04
@@ -104,7 +110,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"], rel=0.02), key
         assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
         if pair == "tiny-code-eagle3":  # the trained pair really accepts several tokens per cycle
-            floor = TRAINED_ACCEPT_LENGTH[steps, topk, n] * (1 - ACCEPT_MARGIN)
+            floor = TRAINED_ACCEPT_LENGTH[parallel][steps, topk, n] * (1 - ACCEPT_MARGIN[parallel])
             assert min(entry["accept_length"].values()) >= floor, (key, entry["accept_length"], floor)
         report_state = ours_info[n]["eagle_triton"]
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
