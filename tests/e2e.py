@@ -5,6 +5,7 @@ a speculative server's greedy outputs with no speculation's (:func:`verdicts`)."
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +91,10 @@ def serve_concurrently(servers: Mapping, serve, info_keys) -> tuple[dict, dict]:
     ``(results, infos)``, both keyed as ``servers``."""
     try:
         for server in servers.values():
-            server.wait_ready()
+            waited = server.wait_ready()
+            if os.environ.get("E2E_REPORT_DIR"):  # start-up times survive an interrupted run
+                with open(os.path.join(os.environ["E2E_REPORT_DIR"], "ready.txt"), "a") as f:
+                    f.write(f"{server.name} ready after {waited:.0f} s\n")
         with ThreadPoolExecutor(len(servers)) as pool:
             results = dict(zip(servers, pool.map(lambda key: serve(servers[key], key == "nospec"), servers),
                                strict=True))

@@ -52,13 +52,15 @@ def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_width
 def shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tuple, tuple, slice]:
     """Rank ``rank``'s draft weights, its embedding / LM-head ``(offset, valid)`` and its KV heads."""
     D, Hq, Hkv = w.head_dim, w.num_q_heads, w.num_kv_heads
-    hq, hkv, inter = Hq // size, Hkv // size, w.down.shape[1] // size
+    hq, inter = Hq // size, w.down.shape[1] // size
+    # KV heads split over the ranks, or (fewer heads than ranks) replicated: rank r holds head r // (size // Hkv)
+    hkv, kv_index = (Hkv // size, rank) if Hkv >= size else (1, rank // (size // Hkv))
     q, k, v = w.qkv.split([Hq * D, Hkv * D, Hkv * D])
 
-    def part(t, n):  # rows of this rank
-        return t[rank * n:(rank + 1) * n]
+    def part(t, n, index=rank):  # rows of this rank
+        return t[index * n:(index + 1) * n]
 
-    qkv = torch.cat([part(q, hq * D), part(k, hkv * D), part(v, hkv * D)]).contiguous()
+    qkv = torch.cat([part(q, hq * D), part(k, hkv * D, kv_index), part(v, hkv * D, kv_index)]).contiguous()
     gate, up = w.gate_up.chunk(2)
     vocab, draft_vocab = w.embed.shape[0] // size, w.lm_head.shape[0] // size
     local = DraftWeights(
@@ -69,13 +71,14 @@ def shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tuple, t
         rotary=w.rotary, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, eps=w.eps, input_norm=w.input_norm,
         hidden_norm=w.hidden_norm, final_norm=w.final_norm, fc=w.fc, fc_bias=w.fc_bias, token_map=w.token_map,
         o_bias=w.o_bias if w.o_bias is None else w.o_bias,
-        qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D) for b, n in zip(
-            w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), strict=True)]))
-    return local, (rank * vocab, vocab), (rank * draft_vocab, draft_vocab), slice(rank * hkv, (rank + 1) * hkv)
+        qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D, i) for b, n, i in zip(
+            w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), (rank, kv_index, kv_index), strict=True)]))
+    heads = slice(kv_index * hkv, (kv_index + 1) * hkv)
+    return local, (rank * vocab, vocab), (rank * draft_vocab, draft_vocab), heads
 
 
 def _case(device, case):
-    eagle3, bs, topk, steps, n, seq_lens, seed = case
+    eagle3, bs, topk, steps, n, seq_lens, seed = case[:7]
     w, gen = random_draft(eagle3, device, seed=seed, dtype=torch.float16, H=64, Hq=4, Hkv=2, D=16, inter=96,
                           vocab=300, draft_vocab=120)
     return w, random_batch(w, bs, topk, steps, seq_lens, gen, device)
@@ -112,22 +115,24 @@ def tp_draft(tmp_path, device, case, size=2):
     return [torch.load(f"{out_file}.{rank}") for rank in range(size)]
 
 
-CASES = [  # eagle3, bs, topk, steps, n, prefix lengths, seed
-    (True, 1, 4, 3, 8, [9], 0),
-    (True, 3, 2, 4, 7, [9, 3, 30], 1),
-    (False, 2, 4, 3, 8, [1, 17], 2),
-    (True, 1, 1, 3, 4, [7], 3),
+CASES = [  # eagle3, bs, topk, steps, n, prefix lengths, seed, ranks
+    (True, 1, 4, 3, 8, [9], 0, 2),
+    (True, 3, 2, 4, 7, [9, 3, 30], 1, 2),
+    (False, 2, 4, 3, 8, [1, 17], 2, 2),
+    (True, 1, 1, 3, 4, [7], 3, 2),
+    (True, 2, 4, 3, 8, [5, 12], 4, 4),  # 4 ranks, 2 KV heads: each held by two ranks (the trained pair at --tp 4)
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'eagle3' if c[0] else 'eagle1'}-bs{c[1]}-k{c[2]}-s{c[3]}")
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: f"{'eagle3' if c[0] else 'eagle1'}-bs{c[1]}-k{c[2]}-s{c[3]}-tp{c[7]}")
 def test_tensor_parallel_draft_is_the_single_gpu_draft(tmp_path, device, case):
     w, batch = _case(device, case)
     topk, steps, n = case[2:5]
     positions = batch["positions"].clone()
     single = FusedDrafter(w, topk, steps, n, batch["k_cache"], batch["v_cache"], batch["req_to_token"]).draft(
         batch["topk_p"], batch["topk_index"], batch["hidden"], positions, batch["seq_lens"], batch["req_pool_indices"])
-    ranks = tp_draft(tmp_path, device, case)
+    ranks = tp_draft(tmp_path, device, case, size=case[7])
     names = ("parent_list", "top_scores_index", "draft_tokens")
     for rank in ranks:  # every rank the same tree, the single-GPU one
         for name, got, want in zip(names, rank["out"][:3], single[:3], strict=True):

@@ -40,6 +40,8 @@ from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 CONFIGS = [(5, 1, 6), (5, 4, 16)]
+# --tp 4: one tree (five servers of four ranks each did not start within 6 min on 4 x H200)
+TREES = {"tp1": CONFIGS, "tp2": CONFIGS, "tp4": [(5, 4, 16)]}
 # Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
 # of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
 # Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run. Tensor
@@ -73,19 +75,20 @@ def _parallel(parallel: str) -> tuple[list[str], dict | None]:
 def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
     flags, env = _parallel(parallel)
+    trees = TREES[parallel]
     servers = {"nospec": e2e_server(f"{pair}-nospec", target, flags, tmp_path, env=env)}
-    for steps, topk, n in CONFIGS:
+    for steps, topk, n in trees:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
             servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec, *flags], tmp_path,
                                             env=env)
-    results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in CONFIGS])
-    ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in CONFIGS}
+    results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in trees])
+    ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in trees}
 
     report = {"pair": pair, "parallel": parallel, "configs": {}}
-    for steps, topk, n in CONFIGS:
+    for steps, topk, n in trees:
         ours, stock = results[("EAGLE_TRITON", n)], results[(stock_algo, n)]
         entry = {
             "accept_length": {"eagle_triton": ours["accept_length"], "stock": stock["accept_length"]},
@@ -99,7 +102,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-{pair}-{parallel}.json"), "w") as f:
             json.dump(report, f, indent=1)
 
-    for (steps, topk, n), (key, entry) in zip(CONFIGS, report["configs"].items(), strict=True):
+    for (steps, topk, n), (key, entry) in zip(trees, report["configs"].items(), strict=True):
         ours_log = servers[("EAGLE_TRITON", n)].log()
         assert "build tree: triton" in ours_log and "verify greedy: triton" in ours_log, key
         assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key
