@@ -83,6 +83,100 @@ class DepthAcceptance:
         return chain_tokens(self.rate(d) for d in range(1, steps + 1))
 
 
+def tree_tokens(rate, steps: int, topk: int, n: int) -> float:
+    """Expected tokens one verify commits per request for the tree SGLang would keep at (steps, topk, n) if the
+    draft's scores were the acceptance chances ``rate(depth, rank)`` (depth 1 = the first draft level; rank 0 = the
+    draft's best child of a node): level by level every frontier node's ``topk`` children are valued at the parent's
+    value times ``rate``, the ``topk`` best become the next frontier, and the ``n - 1`` best of all levels are kept
+    (``select_top_k_tokens`` / ``organize_draft_results``); the result is 1 (the bonus) plus the kept values. A chain
+    (topk 1, n = steps + 1) gives :func:`chain_tokens` of ``rate(d, 0)``."""
+    nodes, frontier = [], [1.0]
+    for depth in range(1, steps + 1):
+        rates = [rate(depth, r) for r in range(topk)]
+        children = [value * q for value in frontier for q in rates]
+        nodes += children
+        frontier = sorted(children, reverse=True)[:topk]
+    return 1.0 + sum(sorted(nodes, reverse=True)[:n - 1])
+
+
+class TreeAcceptance:
+    """Per-depth, per-sibling-rank acceptance of tree drafts: ``rate(d, r)``, the chance that the target's token
+    after an accepted node at depth ``d - 1`` is that node's child of sibling rank ``r`` (rank 0: the draft's best),
+    which predicts trees that are not in force (:func:`tree_tokens`).
+
+    Evidence: every node a verify reached, as ``(depth of its children, kept children m, accepted rank or -1)``.
+    SGLang keeps a node's children as a prefix of its ranks (a child's score is the parent's times its
+    probability), and the target's token is at most one of them, so each kept rank ``r < m`` is one trial of
+    ``(d, r)`` and the accepted one its success. A chain's verify that accepted ``k`` of ``s`` drafts reached
+    depths ``1..min(k + 1, s)`` with one child each (:meth:`observe_chain`).
+
+    Priors (Beta, weight ``prior[1]``): rank 0 ``prior[0]``; rank ``r > 0`` at a depth, ``(1 - rate(d, 0)) *
+    share * ratio ** (r - 1)`` (``sibling_share``: what ranks below the first take of the rest, halving per rank;
+    shaped after the benchmark profile, bench/README.md, and overridden by observed trials). A depth never tried at
+    a rank takes the deepest depth above it tried at that rank. ``decay`` multiplies the counts before each verify.
+    """
+
+    def __init__(self, max_depth: int, max_rank: int, prior: tuple[float, float] = (0.6, 4.0), decay: float = 0.98,
+                 sibling_share: tuple[float, float] = (0.35, 0.5)):
+        self.prior_rate, self.prior_weight = prior
+        self.decay = decay
+        self.share, self.ratio = sibling_share
+        self.max_depth, self.max_rank = max_depth, max_rank
+        self.passed = [[0.0] * max_rank for _ in range(max_depth + 1)]  # [depth][rank], depth >= 1
+        self.tried = [[0.0] * max_rank for _ in range(max_depth + 1)]
+
+    def observe_nodes(self, visits) -> None:
+        """One verify's reached nodes: ``(depth, kept children, accepted rank or -1)`` each (see the class)."""
+        visits = list(visits)
+        if not visits:
+            return
+        for table in (self.passed, self.tried):
+            for row in table:
+                row[:] = [x * self.decay for x in row]
+        for depth, kept, accepted in visits:
+            if not 1 <= depth <= self.max_depth:
+                continue
+            tried = self.tried[depth]
+            for r in range(min(kept, self.max_rank)):
+                tried[r] += 1
+            if 0 <= accepted < self.max_rank:
+                self.passed[depth][accepted] += 1
+
+    def observe_chain(self, steps: int, correct_per_req: list[int]) -> None:
+        """One verify of a chain of ``steps`` drafts; ``correct_per_req``: accepted drafts per request."""
+        if steps <= 0 or not correct_per_req:
+            return
+        visits = []
+        for k in correct_per_req:
+            k = min(max(int(k), 0), steps)
+            visits += [(d, 1, 0) for d in range(1, k + 1)] + ([(k + 1, 1, -1)] if k < steps else [])
+        self.observe_nodes(visits)
+
+    def _depth_for(self, depth: int, rank: int) -> int | None:
+        """``depth`` if tried at ``rank``, else the deepest depth above it that was (None: none)."""
+        depth = min(depth, self.max_depth)
+        tried = [d for d in range(1, depth + 1) if self.tried[d][rank] >= 1.0]
+        return tried[-1] if tried else None
+
+    def rate(self, depth: int, rank: int) -> float:
+        if rank >= self.max_rank:
+            return 0.0
+        if rank == 0:
+            prior = self.prior_rate
+        else:
+            prior = (1.0 - self.rate(depth, 0)) * self.share * self.ratio ** (rank - 1)
+        d = self._depth_for(depth, rank)
+        passed, tried = (0.0, 0.0) if d is None else (self.passed[d][rank], self.tried[d][rank])
+        w = self.prior_weight
+        return (passed + w * prior) / (tried + w)
+
+    def expected_tokens(self, steps: int, topk: int = 1, n: int | None = None) -> float:
+        """Expected tokens one verify commits per request at (steps, topk, n) (default n: a chain's steps + 1)."""
+        if steps <= 0:
+            return 1.0
+        return tree_tokens(self.rate, steps, topk, steps + 1 if n is None else n)
+
+
 class CycleCost:
     """Decode-cycle cost in ms per (steps, captured batch size).
 
