@@ -28,6 +28,8 @@ DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.dra
 ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
 # --tp > 1 is built (drafter.TensorParallel) but not yet run on GPUs: refused unless this is 1 (GPU tests, trials)
 EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
+# --speculative-adaptive with topk > 1 (tree candidates) is built but not yet run on GPUs: refused unless this is 1
+EXPERIMENTAL_ADAPTIVE_TREES_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_ADAPTIVE_TREES"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -166,20 +168,21 @@ def validate_before_defaults(sa) -> None:
 def _check_adaptive(sa) -> None:
     """``--speculative-adaptive`` as stock EAGLE3 serves it: candidate chains (topk 1) and steps 0 (no draft), one
     runtime state per candidate step count, switched by SGLang's controller; refused wherever SGLang would refuse
-    it for EAGLE3 (its own rules, :func:`stock_adaptive_reason`) rather than letting SGLang switch it off."""
+    it for EAGLE3 (its own rules, :func:`stock_adaptive_reason`) rather than letting SGLang switch it off. Beyond
+    stock, with ``--speculative-eagle-topk`` K > 1: tree candidates, (steps, K, draft tokens) each, the draft tokens
+    per step count from the config file (:func:`adaptive_draft_tokens`)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
-    if sa.speculative_eagle_topk not in (None, 1):
-        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {sa.speculative_eagle_topk} yet (adaptive "
-                "shapes are chains, as stock EAGLE3's)",
-                "Use --speculative-eagle-topk 1 or drop --speculative-adaptive.")
+    topk = sa.speculative_eagle_topk or 1
     reason = stock_adaptive_reason(sa)
     if reason is not None:
         _refuse(f"--speculative-adaptive with {reason}", "Drop --speculative-adaptive or the setting it names.")
     candidates = resolve_candidate_steps_from_config(sa.speculative_adaptive_config)  # SGLang's checks of the file
-    if max(candidates) + 1 > MAX_DRAFT_TOKENS:
+    if topk == 1 and max(candidates) + 1 > MAX_DRAFT_TOKENS:
         _refuse(f"--speculative-adaptive candidate steps {max(candidates)}",
                 f"Use candidate_steps of at most {MAX_DRAFT_TOKENS - 1} (a chain of steps + 1 draft tokens).")
+    if topk > 1:
+        _check_adaptive_trees(sa, topk, candidates)
     policy = adaptive_policy(sa)
     if policy not in ADAPTIVE_POLICIES:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} {policy!r}",
@@ -193,20 +196,69 @@ def _check_adaptive(sa) -> None:
                 "each candidate by replaying its CUDA graphs)", "Drop --disable-cuda-graph or use the sglang policy.")
 
 
+def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
+    """Tree candidates (adaptive with topk > 1): an explicit trial until GPU-tested; every candidate step count's
+    draft tokens given and buildable; page size 1; SGLang's policy (the cost policy predicts chains only)."""
+    if os.environ.get(EXPERIMENTAL_ADAPTIVE_TREES_ENV) != "1":
+        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} (tree candidates) yet: built, not yet "
+                "run on GPUs", f"Use --speculative-eagle-topk 1, or set {EXPERIMENTAL_ADAPTIVE_TREES_ENV}=1 to try "
+                "it.")
+    if (sa.page_size or 1) > 1:
+        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} and --page-size {sa.page_size} yet",
+                "Use --page-size 1.")
+    if adaptive_policy(sa) == "cost":
+        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --speculative-eagle-topk {topk} "
+                "yet (its acceptance estimate predicts chains)", "Use the sglang policy.")
+    given = _adaptive_config(sa).get(ADAPTIVE_DRAFT_TOKENS_KEY, {})
+    missing = [s for s in candidates if s > 0 and str(s) not in given]
+    if missing:
+        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} without the draft tokens of candidate "
+                f"steps {missing}", f'Add "{ADAPTIVE_DRAFT_TOKENS_KEY}": {{"<steps>": <draft tokens>, ...}} for '
+                "every candidate step count > 0 to --speculative-adaptive-config.")
+    for steps in candidates:
+        if steps > 0:
+            _check_tree(steps, topk, int(given[str(steps)]), f"{ADAPTIVE_DRAFT_TOKENS_KEY} {steps}: ")
+
+
 ADAPTIVE_POLICIES = ("sglang", "cost")
 ADAPTIVE_POLICY_KEY = "eagle_triton_policy"  # top-level key of --speculative-adaptive-config (SGLang ignores it)
+# top-level key of --speculative-adaptive-config with topk > 1: {"<candidate steps>": draft tokens} (SGLang ignores it)
+ADAPTIVE_DRAFT_TOKENS_KEY = "eagle_triton_draft_tokens"
+
+
+def _adaptive_config(sa) -> dict:
+    if not sa.speculative_adaptive_config:
+        return {}
+    import json
+
+    with open(sa.speculative_adaptive_config) as f:
+        return json.load(f)
+
+
+def adaptive_draft_tokens(sa, steps: int) -> int:
+    """The draft tokens of the adaptive candidate of ``steps`` (its tree: steps, the server's topk, these): steps + 1
+    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry."""
+    if steps == 0 or (sa.speculative_eagle_topk or 1) == 1:
+        return steps + 1
+    return int(_adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY][str(steps)])
+
+
+def adaptive_tree_reservation(sa) -> int:
+    """Per-request KV and buffer rows the widest adaptive tree candidate needs: max over candidates of
+    max(steps * topk, draft tokens) (SGLang's ``get_alloc_len_per_decode`` takes the initial step count's
+    steps * topk and ``max_speculative_num_draft_tokens``)."""
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+    topk = sa.speculative_eagle_topk or 1
+    return max(max(s * topk, adaptive_draft_tokens(sa, s))
+               for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config))
 
 
 def adaptive_policy(sa) -> str:
     """The adaptive policy an EAGLE_TRITON server runs: ``"sglang"`` (SGLang's EMA brackets, the default) or
     ``"cost"`` (:mod:`sgl_eagle_triton.adaptive`), from ``"eagle_triton_policy"`` in
     ``--speculative-adaptive-config``."""
-    if not sa.speculative_adaptive_config:
-        return "sglang"
-    import json
-
-    with open(sa.speculative_adaptive_config) as f:
-        return json.load(f).get(ADAPTIVE_POLICY_KEY, "sglang")
+    return _adaptive_config(sa).get(ADAPTIVE_POLICY_KEY, "sglang")
 
 
 def stock_adaptive_reason(sa, original=None) -> str | None:
@@ -218,6 +270,7 @@ def stock_adaptive_reason(sa, original=None) -> str | None:
         original = adaptive_spec_params.adaptive_unsupported_reason
     as_eagle3 = copy.copy(sa)
     as_eagle3.speculative_algorithm = "EAGLE3"
+    as_eagle3.speculative_eagle_topk = 1  # EAGLE_TRITON's tree candidates: _check_adaptive_trees
     return original(as_eagle3)
 
 
@@ -285,6 +338,17 @@ def _validate(sa) -> None:
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
+def _check_tree(steps: int, topk: int, n: int, where: str = "--speculative-num-draft-tokens ") -> None:
+    """A tree of ``n`` draft tokens is buildable from ``steps`` levels of ``topk``."""
+    max_nodes = 1 + topk + (steps - 1) * topk * topk
+    if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
+        _refuse(
+            f"{where}{n} with steps={steps}, topk={topk}",
+            f"Use 2 <= draft tokens <= min(1 + topk + (steps-1)*topk^2, {MAX_DRAFT_TOKENS}) = "
+            f"{min(max_nodes, MAX_DRAFT_TOKENS)}.",
+        )
+
+
 def _resolve_tree_shape(sa) -> None:
     """Fill (steps, topk, draft tokens) like SGLang's EAGLE, then check the tree is buildable."""
     steps, topk, n = sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens
@@ -307,13 +371,7 @@ def _resolve_tree_shape(sa) -> None:
     if steps < 1 or not 1 <= topk <= MAX_TOPK:
         _refuse(f"--speculative-num-steps {steps} with --speculative-eagle-topk {topk}",
                 f"Use steps >= 1 and 1 <= topk <= {MAX_TOPK}.")
-    max_nodes = 1 + topk + (steps - 1) * topk * topk
-    if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
-        _refuse(
-            f"--speculative-num-draft-tokens {n} with steps={steps}, topk={topk}",
-            f"Use 2 <= draft tokens <= min(1 + topk + (steps-1)*topk^2, {MAX_DRAFT_TOKENS}) = "
-            f"{min(max_nodes, MAX_DRAFT_TOKENS)}.",
-        )
+    _check_tree(steps, topk, n)
     backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
     if topk > 1 and "trtllm_mha" in backends:
         _refuse("--speculative-eagle-topk > 1 with --attention-backend trtllm_mha",
@@ -348,7 +406,8 @@ def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
 
 def handle_server_args(sa) -> None:
     """Validate, fill defaults and export the draft kind; mutates ``sa`` in place. Under ``--speculative-adaptive``
-    SGLang has already set the initial steps (a candidate), topk 1 and draft tokens = steps + 1."""
+    SGLang has already set the initial steps (a candidate), topk 1 unless given, and draft tokens = steps + 1 (for
+    tree candidates replaced here by the config file's)."""
     _validate(sa)
     if _adaptive_requested and not sa.speculative_adaptive:
         _refuse("--speculative-adaptive here: SGLang switched it off (its warning says why; is sgl-eagle-triton's "
@@ -357,6 +416,10 @@ def handle_server_args(sa) -> None:
     _check_fused_drafter(sa)
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)
+    elif (sa.speculative_eagle_topk or 1) > 1:  # tree candidates: SGLang set draft tokens = steps + 1 (chains)
+        sa.speculative_num_draft_tokens = adaptive_draft_tokens(sa, sa.speculative_num_steps)
+        # a cached property: the value stored here is what every process reads (server args are pickled)
+        sa.__dict__["max_speculative_num_draft_tokens"] = adaptive_tree_reservation(sa)
     if sa.max_running_requests is None:
         sa.max_running_requests = 48
     if sa.enable_mixed_chunk:

@@ -125,9 +125,23 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
         spec.speculative_accept_threshold_single,
         spec.speculative_accept_threshold_acc,
     )
+    agree_with_rank_0(predict, accept_index, num_correct_drafts)
     if spec_utils.SIMULATE_ACC_LEN > 0:
         accept_index = simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates)
     return predict, num_correct_drafts + 1, accept_index
+
+
+def agree_with_rank_0(*tensors) -> None:
+    """Under tensor parallelism, rank 0's sampled verification for every rank, as SGLang's ``eagle_sample`` does it
+    (a broadcast of its predicts, accept index and accepted counts over the TP group): the ranks' target
+    probabilities may differ in their last bits, and ranks that accepted differently would part (and hang in their
+    next collective). Greedy verification needs none: every rank argmaxes the same all-gathered logits."""
+    from sglang.srt.distributed import parallel_state
+
+    group = parallel_state._TP  # None in a process without SGLang's parallel groups (one GPU, CPU tests)
+    if group is not None and group.world_size > 1:
+        for t in tensors:
+            group.broadcast(t, src=0)
 
 
 def simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates):

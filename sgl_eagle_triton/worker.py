@@ -381,7 +381,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per
-        request as a plain decode step (:class:`sgl_eagle_triton.verify.OneNodeVerifyAttention`, Triton backend)."""
+        request as a plain decode step (:class:`sgl_eagle_triton.verify.OneNodeVerifyAttention`, Triton backend).
+        With topk > 1 (tree candidates) SGLang asks for steps + 1 draft tokens; the state gets the candidate's own
+        (:func:`sgl_eagle_triton.config.adaptive_draft_tokens`)."""
+        speculative_num_draft_tokens = config.adaptive_draft_tokens(self.server_args, speculative_num_steps)
         if speculative_num_steps != 0:
             return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
                                                         cuda_graph_bs)
@@ -471,6 +474,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
+            report["adaptive_trees"] = {  # each candidate's (steps, topk, draft tokens)
+                str(s): [s, self.topk, config.adaptive_draft_tokens(self.server_args, s)]
+                for s in self.adaptive_controller.candidate_steps}
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
             report["adaptive_resumes"] = self.resumes
         if self.cost_policy is not None:

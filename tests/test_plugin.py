@@ -195,7 +195,8 @@ def _unsupported_draft(tmp_path):
         (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
         (["--enable-unified-memory"], "--enable-unified-memory"),
         (["--speculative-adaptive", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
-          "--speculative-num-draft-tokens", "8"], "--speculative-adaptive with --speculative-eagle-topk 4 yet"),
+          "--speculative-num-draft-tokens", "8"],
+         "--speculative-adaptive with --speculative-eagle-topk 4 (tree candidates) yet: built, not yet run on GPUs"),
         (["--speculative-adaptive", "--enable-two-batch-overlap"],
          "--speculative-adaptive with enable_two_batch_overlap=True is not supported"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
@@ -247,6 +248,36 @@ def test_adaptive_runs_as_stock_eagle3s(tmp_path):
     cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 200]}}))
     with pytest.raises(EagleTritonConfigError, match="candidate steps 200"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
+
+
+def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_path, monkeypatch):
+    """topk > 1 under --speculative-adaptive (an explicit trial): every candidate is (steps, topk, draft tokens from
+    the config file); the KV reservation and buffers hold the widest (max of steps * topk and draft tokens)."""
+    monkeypatch.setenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV, "1")
+    cfg = tmp_path / "adaptive.json"
+    trees = {"1": {"candidate_steps": [0, 1, 3, 5]}, "16": {"candidate_steps": [0, 1]}}
+    cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32}}))
+    flags = ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk", "8"]
+    sa = _args(*flags, "--speculative-num-steps", "3")
+    assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 8, 8)
+    assert sa.max_speculative_num_draft_tokens == 5 * 8  # 5 levels of 8 candidates each get KV slots
+    assert [config.adaptive_draft_tokens(sa, s) for s in (0, 1, 3, 5)] == [1, 2, 8, 32]
+    assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
+    assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
+
+    def refused(message, settings=None, extra=()):
+        cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32},
+                                   **(settings or {})}))
+        with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
+            _args(*flags, "--speculative-num-steps", "3", *extra)
+
+    refused("without the draft tokens of candidate steps [5]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8}})
+    refused("eagle_triton_draft_tokens 3: 1 with steps=3, topk=8",
+            {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 1, "5": 32}})
+    refused("'cost' with --speculative-eagle-topk 8 yet", {config.ADAPTIVE_POLICY_KEY: "cost"})
+    refused("--speculative-eagle-topk 8 and --page-size 16 yet", extra=["--page-size", "16"])
+    monkeypatch.delenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV)
+    refused("(tree candidates) yet: built, not yet run on GPUs")
 
 
 def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():

@@ -130,6 +130,30 @@ def test_eagle_sample_sampled_batch_runs_our_sampling_kernels(device, fixed_coin
     assert asked[0]["sampling_info"] is info
 
 
+def test_sampled_verification_is_rank_0s_on_every_tp_rank(device, fixed_coins, monkeypatch):
+    """Under TP (SGLang's TP group initialised, 2 ranks) the sampled results are broadcast from rank 0, as SGLang's
+    eagle_sample does: a rank that sampled otherwise ends with rank 0's predicts, accept index and lengths."""
+    from sglang.srt.distributed import parallel_state
+
+    verify_input, logits = case(3, device)
+    info = fake_sglang.sampling_info(BS, greedy=False, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01,
+                                     device=device)
+    own = verify.eagle_sample(verify_input, batch(info, device), SimpleNamespace(next_token_logits=logits))
+    # rank 0's predicts, accept index and accepted drafts (broadcast in that order): nothing accepted, token 5
+    rank_0 = (torch.full_like(own[0], 5), torch.zeros_like(own[2]), torch.zeros_like(own[1]))
+    sent = []
+
+    def broadcast(t, src):
+        sent.append(src)
+        t.copy_(rank_0[len(sent) - 1])
+
+    monkeypatch.setattr(parallel_state, "_TP", SimpleNamespace(world_size=2, broadcast=broadcast))
+    predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch(info, device),
+                                                             SimpleNamespace(next_token_logits=logits))
+    assert sent == [0, 0, 0]
+    assert (predict == 5).all() and (accept_index == 0).all() and (accept_lens == 1).all()
+
+
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("mode, length", [("fixed", 2), ("fixed", 3), ("real-draft-token", 2)])
 def test_simulated_acceptance_as_sglang_applies_it(device, fixed_coins, monkeypatch, greedy, mode, length):

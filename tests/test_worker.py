@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import sglang
+import json
+
 import torch
 from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
@@ -525,6 +527,24 @@ def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
     runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: TritonAttnBackend.__new__(TritonAttnBackend))
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
+    w.server_args = SimpleNamespace(speculative_eagle_topk=1)
     assert type(w.build_adaptive_runtime_state(0, 1)) is verify.OneNodeVerifyAttention
     assert type(w.build_adaptive_runtime_state(3, 4)) is TritonAttnBackend
     assert type(runner._get_attention_backend()) is TritonAttnBackend  # SGLang's again after the build
+
+
+def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch, tmp_path):
+    """With topk > 1 SGLang's controller asks for steps + 1 draft tokens per candidate; each state is built with the
+    config file's (config.adaptive_draft_tokens), steps 0 with one."""
+    built = []
+    monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state",
+                        lambda self, steps, n, cuda_graph_bs=None: built.append((steps, n)))
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 12}}))
+    runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: None)
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._target_worker = SimpleNamespace(model_runner=runner)
+    w.server_args = SimpleNamespace(speculative_eagle_topk=4, speculative_adaptive_config=str(cfg))
+    for steps in (0, 1, 3):
+        w.build_adaptive_runtime_state(steps, steps + 1)
+    assert built == [(0, 1), (1, 2), (3, 12)]
