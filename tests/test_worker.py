@@ -106,6 +106,7 @@ def _adaptive_worker(candidates):
 
     w = _verify_worker()
     w.speculative_num_steps, w.steps_in_force, w._cycle_position = candidates[0], Counter(), 0
+    w.topk, w.server_args = 1, SimpleNamespace(speculative_eagle_topk=1)
     w._draft_worker, w.resumes = SimpleNamespace(draft_stale=False, fill_kv_only=False), 0
     w.apply_runtime_state = lambda state: setattr(w, "speculative_num_steps", state.speculative_num_steps)
     controller = AdaptiveController.__new__(AdaptiveController)
@@ -120,6 +121,7 @@ def test_adaptive_steps_follow_sglangs_controller_and_are_reported():
     for _ in range(3):
         w.activate_step_by_batch(4)
     assert w.speculative_num_steps == 3 and w.kernel_report()["adaptive_steps_in_force"] == {"3": 3}
+    assert w.kernel_report()["adaptive_trees"] == {"0": [0, 1, 1], "1": [1, 1, 2], "3": [3, 1, 4]}
 
 
 def test_adaptive_cycle_knob_changes_the_shape_every_step():
