@@ -217,7 +217,7 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
                 "every candidate step count > 0 to --speculative-adaptive-config.")
     for steps in candidates:
         if steps > 0:
-            _check_tree(steps, topk, int(given[str(steps)]), f"{ADAPTIVE_DRAFT_TOKENS_KEY} {steps}: ")
+            _check_tree(steps, topk, int(given[str(steps)]), f" ({ADAPTIVE_DRAFT_TOKENS_KEY} of candidate {steps})")
 
 
 ADAPTIVE_POLICIES = ("sglang", "cost")
@@ -338,12 +338,13 @@ def _validate(sa) -> None:
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
-def _check_tree(steps: int, topk: int, n: int, where: str = "--speculative-num-draft-tokens ") -> None:
-    """A tree of ``n`` draft tokens is buildable from ``steps`` levels of ``topk``."""
+def _check_tree(steps: int, topk: int, n: int, source: str = "") -> None:
+    """A tree of ``n`` draft tokens is buildable from ``steps`` levels of ``topk`` (``source``: where n came from,
+    when not the flag)."""
     max_nodes = 1 + topk + (steps - 1) * topk * topk
     if not 2 <= n <= min(max_nodes, MAX_DRAFT_TOKENS):
         _refuse(
-            f"{where}{n} with steps={steps}, topk={topk}",
+            f"--speculative-num-draft-tokens {n} with steps={steps}, topk={topk}{source}",
             f"Use 2 <= draft tokens <= min(1 + topk + (steps-1)*topk^2, {MAX_DRAFT_TOKENS}) = "
             f"{min(max_nodes, MAX_DRAFT_TOKENS)}.",
         )

@@ -26,7 +26,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
-from tests.e2e import e2e_server, tensor_parallel
+from tests.e2e import TREE_RESERVED, adaptive_tree_flags, e2e_server, tensor_parallel
 from tests.load_mix import (
     ADAPTIVE_RESERVED,
     CONTEXT_LEN,
@@ -146,26 +146,30 @@ def _memory_mib(server: Server) -> dict:
     return {"server_rss": sum(p.memory_info().rss for p in procs) / 2**20, "gpu_used": (total - free) / 2**20}
 
 
-@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "tp2"])
+@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "tp2"])
 def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
-    ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
-    parallel, tp_env = tensor_parallel(2 if mode == "tp2" else 1)
+    ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``tp2``: SPEC_TREE at ``--tp 2``
+    (two GPUs)."""
+    parallel, env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
     algorithm = os.environ.get("LOAD_TEST_ALGORITHM", "EAGLE_TRITON")  # EAGLE3: the same load on stock SGLang
-    shape = (["--speculative-adaptive"] if mode == "adaptive_cycle" else
-             ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-              "--speculative-num-draft-tokens", str(n)])
-    env = ({config.ADAPTIVE_CYCLE_ENV: "1"} if mode == "adaptive_cycle" else
-           tp_env)
+    shape = ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+             "--speculative-num-draft-tokens", str(n)]
+    reserved = reserved_tokens(*SPEC_TREE)
+    if mode == "adaptive_cycle":
+        shape, env, reserved = ["--speculative-adaptive"], {config.ADAPTIVE_CYCLE_ENV: "1"}, ADAPTIVE_RESERVED
+    elif mode == "adaptive_trees_cycle":
+        shape, env = adaptive_tree_flags(tmp_path)
+        env, reserved = {**env, config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,
     ], tmp_path, env=env)
     nospec = e2e_server("load-nospec", target, [*LOAD_ARGS, *parallel], tmp_path)
-    mix = build_mix(N_REQUESTS, reserved=ADAPTIVE_RESERVED if mode == "adaptive_cycle" else reserved_tokens(*SPEC_TREE))
+    mix = build_mix(N_REQUESTS, reserved=reserved)
     report = {"requests": N_REQUESTS, "concurrency": CONCURRENCY, "tolerance_mib": TOLERANCE_MIB, "runs": []}
     try:
         spec.wait_ready()

@@ -272,7 +272,7 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
             _args(*flags, "--speculative-num-steps", "3", *extra)
 
     refused("without the draft tokens of candidate steps [5]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8}})
-    refused("eagle_triton_draft_tokens 3: 1 with steps=3, topk=8",
+    refused("draft-tokens 1 with steps=3, topk=8 (eagle_triton_draft_tokens of candidate 3)",
             {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 1, "5": 32}})
     refused("'cost' with --speculative-eagle-topk 8 yet", {config.ADAPTIVE_POLICY_KEY: "cost"})
     refused("--speculative-eagle-topk 8 and --page-size 16 yet", extra=["--page-size", "16"])

@@ -3,6 +3,7 @@ check that our kernels ran, the ``/server_info`` report, ``draft_forward``'s con
 binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tests/fake_sglang.py)."""
 
 import functools
+import json
 import logging
 import re
 from collections import Counter
@@ -10,8 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import sglang
-import json
-
 import torch
 from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
