@@ -28,6 +28,9 @@ DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.dra
 ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
 # --tp > 1 is built (drafter.TensorParallel) but not yet run on GPUs: refused unless this is 1 (GPU tests, trials)
 EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
+# Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
+# seconds (faulthandler), so that a hung server's log shows where each rank waits
+STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
 # --speculative-adaptive with topk > 1 (tree candidates) is built but not yet run on GPUs: refused unless this is 1
 EXPERIMENTAL_ADAPTIVE_TREES_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_ADAPTIVE_TREES"
 EAGLE3, EAGLE = "eagle3", "eagle"

@@ -105,6 +105,30 @@ def vocab_shard(layer) -> tuple[int, int]:
     return shard.padded_org_vocab_start_index, shard.num_org_elements
 
 
+def shard_layout(tp: TensorParallel, model, weights: DraftWeights) -> tuple:
+    """What a rank tells the others at start (:func:`shard_layout_problems`): its embedding and LM-head ``(offset,
+    valid)``, their row counts as SGLang holds them (padding included: the step between ranks' offsets), and its
+    attention heads / KV heads."""
+    return (tp.embed_shard, tp.lm_head_shard, model.model.embed_tokens.weight.shape[0], model.lm_head.weight.shape[0],
+            weights.num_q_heads, weights.num_kv_heads)
+
+
+def shard_layout_problems(layouts: list[tuple]) -> list[str]:
+    """Every rank's :func:`shard_layout`, in rank order: what breaks the layout the TP drafter assumes (rank ``r``'s
+    vocabulary rows start at ``r`` times the row count; every rank the same row counts and heads, so that each
+    collective has the same shape everywhere), as readable lines; empty when sound."""
+    problems = []
+    for rank, (embed, head, embed_rows, head_rows, *heads) in enumerate(layouts):
+        for name, (offset, _), rows in (("embedding", embed, embed_rows), ("LM head", head, head_rows)):
+            if offset != rank * rows:
+                problems.append(f"rank {rank}'s {name} rows start at id {offset}, not {rank} x {rows}")
+        if (embed_rows, head_rows, *heads) != tuple(layouts[0][2:]):
+            problems.append(f"rank {rank} holds {embed_rows} / {head_rows} vocabulary rows and {heads[0]} / "
+                            f"{heads[1]} heads / KV heads, rank 0 {layouts[0][2]} / {layouts[0][3]} and "
+                            f"{layouts[0][4]} / {layouts[0][5]}")
+    return problems
+
+
 def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
     """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16 or fp16; the
     server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference. Raises ValueError

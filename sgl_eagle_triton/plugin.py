@@ -21,7 +21,9 @@ widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too).
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
@@ -119,6 +121,8 @@ def _simulate_stock_acceptance() -> None:
 
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
+    if os.environ.get(config.STACK_DUMP_ENV):  # diagnostics of a hang (docs/gpu.md)
+        faulthandler.dump_traceback_later(float(os.environ[config.STACK_DUMP_ENV]), repeat=True)
     if simulated_acceptance.active():
         _simulate_stock_acceptance()
     if get_spec(ALGORITHM_NAME) is None:

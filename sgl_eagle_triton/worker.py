@@ -51,7 +51,14 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
-from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel, draft_weights, vocab_shard
+from sgl_eagle_triton.drafter import (
+    FusedDrafter,
+    TensorParallel,
+    draft_weights,
+    shard_layout,
+    shard_layout_problems,
+    vocab_shard,
+)
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, one_node_verify_attention, witnessed
@@ -231,6 +238,13 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         )
         self._drafters, self._draft_attention, self._stubs = {}, attn, None
         self._tensor_parallel = tensor_parallel(self.draft_runner)
+        if self._tensor_parallel is not None:  # every rank: one object all-gather at start
+            layout = shard_layout(self._tensor_parallel, self.draft_runner.model, weights)
+            layouts = self.draft_runner.tp_group.all_gather_object(layout)
+            problems = shard_layout_problems(layouts)
+            if problems:
+                raise RuntimeError(f"{ALGORITHM_NAME}: the draft's tensor-parallel shards are not laid out as the "
+                                   f"fused drafter assumes: {'; '.join(problems)}")
 
     _tensor_parallel = None
 

@@ -14,7 +14,7 @@ for the LM head (the all-gathers' widest tensor), never logits.
 import pytest
 import torch
 
-from sgl_eagle_triton.drafter import DraftWeights, FusedDrafter, TensorParallel
+from sgl_eagle_triton.drafter import DraftWeights, FusedDrafter, TensorParallel, shard_layout_problems
 from sgl_eagle_triton.testing import random_batch, random_draft
 
 # Row-parallel sums round each rank's product before adding (SGLang's all-reduce of bf16 / fp16 outputs), one
@@ -142,3 +142,15 @@ def test_tensor_parallel_draft_is_the_single_gpu_draft(tmp_path, device, case):
     scores, want = ranks[0]["out"][3], single[3].cpu()
     rel = ((scores - want).abs() / want.abs().clamp_min(1e-30)).max()
     assert rel < SCORE_RTOL, rel
+
+
+def test_shard_layouts_that_break_the_drafters_assumptions_are_named():
+    """The start-up check of every rank's layout (worker: an object all-gather over the TP group)."""
+    good = [((r * 75, 75), (r * 30, 30 if r < 3 else 12), 75, 30, 1, 1) for r in range(4)]
+    assert shard_layout_problems(good) == []
+    shifted = [*good[:2], ((160, 75), *good[2][1:]), good[3]]
+    assert shard_layout_problems(shifted) == ["rank 2's embedding rows start at id 160, not 2 x 75"]
+    uneven = [*good[:3], (good[3][0], (90, 30), 75, 31, 1, 1)]
+    assert shard_layout_problems(uneven) == [
+        "rank 3's LM head rows start at id 90, not 3 x 31",
+        "rank 3 holds 75 / 31 vocabulary rows and 1 / 1 heads / KV heads, rank 0 75 / 30 and 1 / 1"]

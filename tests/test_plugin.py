@@ -411,3 +411,18 @@ def test_create_worker_returns_triton_worker():
     sa = _args()
     assert SpeculativeAlgorithm.from_string("EAGLE_TRITON").create_worker(sa) is EagleTritonWorkerV2
     assert issubclass(EagleTritonWorkerV2, EAGLEWorkerV2) and issubclass(TritonEagleDraftWorker, EagleDraftWorker)
+
+
+def test_stack_dump_diagnostics_arm_a_faulthandler_timer(monkeypatch):
+    """config.STACK_DUMP_ENV: every process that loads the plugin dumps its stacks periodically (a hung rank's log
+    shows where it waits); unset, no timer."""
+    import faulthandler
+
+    from sgl_eagle_triton import plugin
+
+    armed = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, repeat=False: armed.append((s, repeat)))
+    plugin.register()
+    monkeypatch.setenv(config.STACK_DUMP_ENV, "120")
+    plugin.register()
+    assert armed == [(120.0, True)]

@@ -500,20 +500,30 @@ def test_tensor_parallel_binds_sglangs_tp_group_and_vocabulary_shards(pool_worke
     assert dw.fused_drafter.tp is None
 
     calls = []
+    model = dw.draft_runner.model
+    rows, head_rows = model.model.embed_tokens.weight.shape[0], model.lm_head.weight.shape[0]
+
+    def rank_0_like(layout):  # rank 0's start-up layout: this rank's with offsets 0
+        return ((0, layout[0][1]), (0, layout[1][1]), *layout[2:])
+
     group = SimpleNamespace(
         world_size=2, rank_in_group=1, all_reduce=lambda t: calls.append("reduce") or t * 2,
-        all_gather=lambda t, dim: calls.append(("gather", tuple(t.shape), dim)) or torch.cat([t, t]))
-    model = dw.draft_runner.model
+        all_gather=lambda t, dim: calls.append(("gather", tuple(t.shape), dim)) or torch.cat([t, t]),
+        all_gather_object=lambda layout: [rank_0_like(layout), layout])
     shard = SimpleNamespace
-    model.model.embed_tokens.shard_indices = shard(padded_org_vocab_start_index=160, num_org_elements=140)
-    model.lm_head.shard_indices = shard(padded_org_vocab_start_index=64, num_org_elements=56)
+    model.model.embed_tokens.shard_indices = shard(padded_org_vocab_start_index=rows, num_org_elements=rows - 3)
+    model.lm_head.shard_indices = shard(padded_org_vocab_start_index=head_rows, num_org_elements=head_rows - 5)
     dw.draft_runner.tp_group = group
     dw.alloc_memory_pool(memory_pool_config=None)
     tp = dw.fused_drafter.tp
-    assert (tp.size, tp.rank, tp.embed_shard, tp.lm_head_shard) == (2, 1, (160, 140), (64, 56))
+    assert (tp.size, tp.rank, tp.embed_shard, tp.lm_head_shard) == (2, 1, (rows, rows - 3), (head_rows, head_rows - 5))
     t = torch.ones(3)
     assert tp.all_reduce(t) is t and t.tolist() == [2.0] * 3  # in place
     assert tp.all_gather(torch.ones(4, 2)).shape == (2, 4, 2) and calls == ["reduce", ("gather", (1, 4, 2), 0)]
+    # a rank whose LM-head rows do not start at rank x rows is refused at start, naming it
+    model.lm_head.shard_indices = shard(padded_org_vocab_start_index=64, num_org_elements=56)
+    with pytest.raises(RuntimeError, match=f"rank 1's LM head rows start at id 64, not 1 x {head_rows}"):
+        dw.alloc_memory_pool(memory_pool_config=None)
 
 
 def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
