@@ -21,6 +21,7 @@ from tests import (
     test_lm_head_topk,
     test_rms_norm,
     test_target_probs,
+    test_tree_evidence,
     test_tree_sampling,
     test_verify_greedy,
 )
@@ -245,3 +246,15 @@ def test_adaptive_policy_blind_to_cost_fails(monkeypatch):
     monkeypatch.setattr(CostAwarePolicy, "value", lambda self, steps, bs: self.acceptance.expected_tokens(steps))
     with pytest.raises(AssertionError):
         test_adaptive.test_high_acceptance_drafts_deep_alone_and_shallow_in_a_crowd()
+
+
+def test_tree_evidence_crediting_the_next_rank_fails(monkeypatch, device):
+    """An accepted child counted one sibling rank late (its successes on the wrong rank): caught by the twin."""
+
+    def corrupt(args, kwargs, result):
+        passed = args[1]
+        passed.copy_(passed.roll(1, dims=1))
+
+    monkeypatch.setattr(test_tree_evidence, "tree_evidence", broken(test_tree_evidence.tree_evidence, corrupt))
+    with pytest.raises(AssertionError, match="passed"):
+        test_tree_evidence.test_matches_twin(device, test_tree_evidence.CASES[2])
