@@ -152,6 +152,13 @@ class TreeAcceptance:
             visits += [(d, 1, 0) for d in range(1, k + 1)] + ([(k + 1, 1, -1)] if k < steps else [])
         self.observe_nodes(visits)
 
+    def load(self, tried: list, passed: list) -> None:
+        """Counts kept elsewhere (:class:`TreeEvidence`, decayed there), [depth][rank] each, replace these."""
+        for mine, theirs in ((self.tried, tried), (self.passed, passed)):
+            for d in range(min(len(mine), len(theirs))):
+                row = theirs[d][:self.max_rank]
+                mine[d][:len(row)] = row
+
     def _depth_for(self, depth: int, rank: int) -> int | None:
         """``depth`` if tried at ``rank``, else the deepest depth above it that was (None: none)."""
         depth = min(depth, self.max_depth)
@@ -175,6 +182,55 @@ class TreeAcceptance:
         if steps <= 0:
             return 1.0
         return tree_tokens(self.rate, steps, topk, steps + 1 if n is None else n)
+
+
+class TreeEvidence:
+    """Device tables of :func:`sgl_eagle_triton.kernels.tree_evidence.tree_evidence` (``tried`` / ``passed`` per depth
+    and sibling rank), multiplied by ``decay`` before each verify's counts are added, and read by the host without a
+    sync: :meth:`snapshot` returns the copy finished last and starts the next (one decision late).
+
+    ``add`` is called after every verify (the worker wraps SGLang's ``eagle_sample``), eagerly, on the stream the
+    verify ran on; one-node trees (steps 0) add nothing and do not decay the tables."""
+
+    def __init__(self, max_depth: int, ranks: int, device, decay: float = 0.98):
+        import torch
+
+        self.decay = decay
+        self.tables = torch.zeros(2, max_depth + 1, ranks, dtype=torch.float32, device=device)
+        cuda = self.tables.device.type == "cuda"
+        self._host = torch.zeros(self.tables.shape, dtype=torch.float32, pin_memory=cuda)
+        self._copied = None  # the CUDA event of the copy in flight (None: none, or a CPU table)
+        self._ready = None
+
+    def add(self, accept_index, accept_lens, verify_input) -> None:
+        """One verify's results (``eagle_sample``'s accept index [bs, S + 1] int32 and accept lengths [bs] int32,
+        the bonus included) over its tree (``verify_input.retrieve_*`` [bs, n])."""
+        from sgl_eagle_triton.kernels.tree_evidence import tree_evidence
+
+        next_token = verify_input.retrieve_next_token
+        if next_token.dim() != 2 or next_token.shape[0] == 0 or next_token.shape[1] < 2:
+            return
+        self.tables.mul_(self.decay)
+        accepted_drafts = (accept_lens - 1).to(accept_index.dtype)
+        tree_evidence(self.tables[0], self.tables[1], accept_index.contiguous(), accepted_drafts,
+                      verify_input.retrieve_index.contiguous(), next_token.contiguous(),
+                      verify_input.retrieve_next_sibling.contiguous())
+
+    def snapshot(self) -> tuple[list, list] | None:
+        """``(tried, passed)`` as nested lists [depth][rank] from the last finished copy (None before the first),
+        and a new copy started."""
+        import torch
+
+        if self._copied is not None and self._copied.query():
+            self._ready, self._copied = self._host.tolist(), None
+        if self._copied is None:
+            self._host.copy_(self.tables, non_blocking=True)
+            if self.tables.device.type == "cuda":
+                self._copied = torch.cuda.Event()
+                self._copied.record()
+            else:
+                self._ready = self._host.tolist()
+        return None if self._ready is None else (self._ready[0], self._ready[1])
 
 
 class CycleCost:
@@ -230,10 +286,18 @@ class CostAwarePolicy:
     ``initial_steps``."""
 
     def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
-                 margin: float = 0.05, clock=time.perf_counter):
+                 margin: float = 0.05, clock=time.perf_counter, trees: dict[int, tuple[int, int]] | None = None,
+                 evidence: TreeEvidence | None = None):
         self.candidate_steps = sorted(set(candidate_steps))
         self.current = initial_steps
-        self.acceptance = DepthAcceptance(max(self.candidate_steps))
+        # tree candidates (topk > 1): {steps: (topk, draft tokens)}, acceptance from the device evidence
+        self.trees, self.evidence = trees, evidence
+        if trees:
+            self.acceptance = TreeAcceptance(max(self.candidate_steps), max(topk for topk, _ in trees.values()))
+        else:
+            self.acceptance = DepthAcceptance(max(self.candidate_steps))
+        self.efficiency = 1.0  # trees: observed / predicted tokens of the tree in force (EMA), applied to every tree
+        self._observed = [0.0, 0]  # trees: tokens committed and requests verified since the last decision
         self.costs: CycleCost | None = None
         self.update_interval, self.settle, self.margin = update_interval, settle, margin
         self.cuda_graph_bs: list[int] | None = None
@@ -272,17 +336,24 @@ class CostAwarePolicy:
         self._since_switch += 1
         if self._since_switch <= self.settle:
             return None
-        self.acceptance.observe(self.current, num_correct_drafts_per_req)
+        if self.trees:
+            if self.current > 0:
+                self._observed[0] += sum(1 + int(k) for k in num_correct_drafts_per_req)
+                self._observed[1] += len(num_correct_drafts_per_req)
+        else:
+            self.acceptance.observe(self.current, num_correct_drafts_per_req)
         self._verifies += 1
         if self.costs is None or self._verifies % self.update_interval:
             return None
+        if self.trees:
+            self._refresh_trees()
         best = self.best(batch_size)
         if best != self.current and self.value(best, batch_size) > (1 + self.margin) * self.value(self.current,
                                                                                                batch_size):
             logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
-                        "%.2f -> %.2f ms)", self.current, best, batch_size, self.acceptance.expected_tokens(
-                            self.current), self.acceptance.expected_tokens(best), self.costs.cost(
-                            self.current, batch_size), self.costs.cost(best, batch_size))
+                        "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
+                        self.expected_tokens(best), self.costs.cost(self.current, batch_size),
+                        self.costs.cost(best, batch_size))
             self.current, self._since_switch, self._last_step = best, 0, None
             self.switches += 1
             return best
@@ -293,17 +364,49 @@ class CostAwarePolicy:
     def set_costs(self, costs: CycleCost) -> None:
         self.costs = costs
 
+    def expected_tokens(self, steps: int) -> float:
+        """Tokens one verify at ``steps`` is expected to commit per request (a tree: the rank-aware prediction
+        scaled by :attr:`efficiency`)."""
+        if not self.trees:
+            return self.acceptance.expected_tokens(steps)
+        if steps == 0:
+            return 1.0
+        return self._tree_prediction(steps) * self.efficiency
+
+    def _tree_prediction(self, steps: int) -> float:
+        topk, n = self.trees[steps]
+        return self.acceptance.expected_tokens(steps, topk, n)
+
+    def _refresh_trees(self) -> None:
+        """Before a decision: the device counts into the acceptance model, and the tree in force's observed /
+        predicted tokens into the efficiency (EMA weight 0.3, kept within 0.5..1.2)."""
+        counts = self.evidence.snapshot() if self.evidence is not None else None
+        if counts is not None:
+            self.acceptance.load(*counts)
+        tokens, requests = self._observed
+        if self.current > 0 and requests:
+            ratio = (tokens / requests) / self._tree_prediction(self.current)
+            self.efficiency = min(max(0.7 * self.efficiency + 0.3 * ratio, 0.5), 1.2)
+        self._observed = [0.0, 0]
+
     def value(self, steps: int, batch_size: int) -> float:
         """Expected committed tokens per ms per request."""
-        return self.acceptance.expected_tokens(steps) / self.costs.cost(steps, batch_size)
+        return self.expected_tokens(steps) / self.costs.cost(steps, batch_size)
 
     def best(self, batch_size: int) -> int:
         return max(self.candidate_steps, key=lambda s: self.value(s, batch_size))
 
     def report(self) -> dict:
         """For ``/server_info``: the estimates the decisions rest on."""
-        out = {"policy": "cost", "steps": self.current, "switches": self.switches,
-               "depth_rates": [round(self.acceptance.rate(d), 3) for d in range(1, max(self.candidate_steps) + 1)]}
+        depths = range(1, max(self.candidate_steps) + 1)
+        out = {"policy": "cost", "steps": self.current, "switches": self.switches}
+        if self.trees:
+            out["rank_rates"] = [[round(self.acceptance.rate(d, r), 3) for r in range(self.acceptance.max_rank)]
+                                 for d in depths]
+            out["efficiency"] = round(self.efficiency, 3)
+            out["expected_tokens"] = {str(s): round(self.expected_tokens(s), 3) for s in self.candidate_steps}
+        else:
+            out["depth_rates"] = [round(self.acceptance.rate(d), 3) for d in depths]
         if self.costs is not None:
             out["replay_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.replay.items())}
             out["rest_ms"] = {str(bs): round(ms, 3) for bs, ms in sorted(self.costs.rest.items())}

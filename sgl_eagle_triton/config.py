@@ -201,7 +201,7 @@ def _check_adaptive(sa) -> None:
 
 def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
     """Tree candidates (adaptive with topk > 1): an explicit trial until GPU-tested; every candidate step count's
-    draft tokens given and buildable; page size 1; SGLang's policy (the cost policy predicts chains only)."""
+    draft tokens given and buildable; page size 1."""
     if os.environ.get(EXPERIMENTAL_ADAPTIVE_TREES_ENV) != "1":
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} (tree candidates) yet: built, not yet "
                 "run on GPUs", f"Use --speculative-eagle-topk 1, or set {EXPERIMENTAL_ADAPTIVE_TREES_ENV}=1 to try "
@@ -209,9 +209,6 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
     if (sa.page_size or 1) > 1:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} and --page-size {sa.page_size} yet",
                 "Use --page-size 1.")
-    if adaptive_policy(sa) == "cost":
-        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --speculative-eagle-topk {topk} "
-                "yet (its acceptance estimate predicts chains)", "Use the sglang policy.")
     given = _adaptive_config(sa).get(ADAPTIVE_DRAFT_TOKENS_KEY, {})
     missing = [s for s in candidates if s > 0 and str(s) not in given]
     if missing:

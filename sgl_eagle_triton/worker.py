@@ -50,7 +50,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
-from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, replay_ms
+from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
 from sgl_eagle_triton.drafter import (
     FusedDrafter,
     TensorParallel,
@@ -194,6 +194,19 @@ def our_eagle_sample():
     wrapped in benchmark mode by the simulated acceptance as stock's is (:mod:`sgl_eagle_triton.simulated_acceptance`);
     decided once, at worker start, not at every verify."""
     return simulated_acceptance.wrap(verify.eagle_sample) if simulated_acceptance.active() else verify.eagle_sample
+
+
+def with_tree_evidence(eagle_sample, evidence: TreeEvidence):
+    """``eagle_sample`` (ours, maybe under simulated acceptance) followed by ``evidence.add`` of what it accepted
+    (the cost policy over tree candidates)."""
+
+    def sample(verify_input, batch, logits_output, grammar_mask=None):
+        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
+        if not batch.forward_mode.is_idle():
+            evidence.add(accept_index, accept_lens, verify_input)
+        return predict, accept_lens, accept_index
+
+    return sample
 
 
 def tensor_parallel(draft_runner) -> TensorParallel | None:
@@ -389,9 +402,19 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         self.resumes = 0  # adaptive: decode steps run at 0 with the full draft extend before drafting again
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
-            controller = self.adaptive_controller
-            self.cost_policy = controller.params = CostAwarePolicy(controller.params.candidate_steps,
-                                                                   self.speculative_num_steps)
+            self.cost_policy = self.adaptive_controller.params = self._make_cost_policy()
+
+    def _make_cost_policy(self) -> CostAwarePolicy:
+        """The cost-aware policy over SGLang's candidate step counts; over tree candidates (topk > 1) it learns
+        acceptance per depth and sibling rank from device counts that every verify adds to (``eagle_sample``
+        wrapped by :func:`with_tree_evidence`)."""
+        candidates = self.adaptive_controller.params.candidate_steps
+        trees = evidence = None
+        if self.topk > 1:
+            trees = {s: (self.topk, config.adaptive_draft_tokens(self.server_args, s)) for s in candidates if s}
+            evidence = TreeEvidence(max(candidates), self.topk, self.device)
+            self._eagle_sample = with_tree_evidence(self._eagle_sample, evidence)
+        return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence)
 
     def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per

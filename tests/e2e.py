@@ -61,14 +61,14 @@ TREE_TOPK, TREE_DRAFT_TOKENS = 4, {1: 2, 3: 8, 5: 16}
 TREE_RESERVED = max(max(s * TREE_TOPK, n) for s, n in TREE_DRAFT_TOKENS.items())  # per request (load_mix)
 
 
-def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3) -> tuple[list[str], dict]:
+def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3, policy: str = "sglang") -> tuple[list[str], dict]:
     """Server flags (after the draft path) and environment of an EAGLE_TRITON adaptive server over the tree
-    candidates above; writes its ``--speculative-adaptive-config`` into ``tmp_path``."""
+    candidates above, deciding by ``policy``; writes its ``--speculative-adaptive-config`` into ``tmp_path``."""
     import json
 
     steps = [0, *sorted(TREE_DRAFT_TOKENS)]
-    cfg = tmp_path / "adaptive-trees.json"
-    cfg.write_text(json.dumps({"1": {"candidate_steps": steps},
+    cfg = tmp_path / f"adaptive-trees-{policy}.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": steps}, config.ADAPTIVE_POLICY_KEY: policy,
                                config.ADAPTIVE_DRAFT_TOKENS_KEY: {str(s): n for s, n in TREE_DRAFT_TOKENS.items()}}))
     return (["--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk",
              str(TREE_TOPK), "--speculative-num-steps", str(initial_steps)],

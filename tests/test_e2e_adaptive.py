@@ -89,30 +89,38 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
 
 
 def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
-    """Tree candidates (topk > 1, tests/e2e.py's TREE_DRAFT_TOKENS): SGLang's policy and the cycle knob, which moves
-    between trees of different depth and width, through steps 0, before every decode step. Pass: tie-aware equal to
-    no speculation; every candidate ran (cycle knob) with its own draft tokens; no kernel error."""
+    """Tree candidates (topk > 1, tests/e2e.py's TREE_DRAFT_TOKENS): SGLang's policy, the cycle knob (which moves
+    between trees of different depth and width, through steps 0, before every decode step) and the cost policy.
+    Pass: tie-aware equal to no speculation; every candidate ran (cycle knob) with its own draft tokens; the cost
+    policy's per-rank rates rank the draft's best child first; no kernel error."""
     flags, env = adaptive_tree_flags(tmp_path)
-    spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT, *flags]
+    cost_flags, _ = adaptive_tree_flags(tmp_path, policy="cost")
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
     servers = {
         "nospec": e2e_server("trees-nospec", TARGET, [], tmp_path),
-        "ours": e2e_server("adaptive-trees-EAGLE_TRITON", TARGET, spec, tmp_path, env=env),
-        "ours_cycle": e2e_server("adaptive-trees-EAGLE_TRITON-cycle", TARGET, spec, tmp_path,
+        "ours": e2e_server("adaptive-trees-EAGLE_TRITON", TARGET, [*spec, *flags], tmp_path, env=env),
+        "ours_cycle": e2e_server("adaptive-trees-EAGLE_TRITON-cycle", TARGET, [*spec, *flags], tmp_path,
                                  env={**env, config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": e2e_server("adaptive-trees-EAGLE_TRITON-cost", TARGET, [*spec, *cost_flags], tmp_path, env=env),
     }
-    results, infos = serve_concurrently(servers, serve_generate, ("ours", "ours_cycle"))
+    ours = ("ours", "ours_cycle", "ours_cost")
+    results, infos = serve_concurrently(servers, serve_generate, ours)
     reports = {key: info["eagle_triton"] for key, info in infos.items()}
     summary = {key: {"accept_length": results[key]["accept_length"],
-                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ("ours", "ours_cycle")}
+                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
     summary["reports"] = reports
     print(json.dumps(summary, indent=1))
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-trees.json"), "w") as f:
             json.dump(summary, f, indent=1)
     trees = {"0": [0, TREE_TOPK, 1], **{str(s): [s, TREE_TOPK, n] for s, n in TREE_DRAFT_TOKENS.items()}}
-    for key in ("ours", "ours_cycle"):
+    for key in ours:
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
         assert reports[key]["adaptive_trees"] == trees, reports[key]
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == set(trees) and min(steps.values()) >= 50, steps
+    # the cost policy learnt per-rank acceptance from the device counts: the trained pair's best child is
+    # accepted far more often than its second
+    rates = reports["ours_cost"]["adaptive_policy"]["rank_rates"]
+    assert rates[0][0] > 2 * rates[0][1], rates

@@ -264,6 +264,9 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     assert [config.adaptive_draft_tokens(sa, s) for s in (0, 1, 3, 5)] == [1, 2, 8, 32]
     assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
     assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
+    cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32},
+                               config.ADAPTIVE_POLICY_KEY: "cost"}))
+    assert config.adaptive_policy(_args(*flags, "--speculative-num-steps", "3")) == "cost"  # rank-aware acceptance
 
     def refused(message, settings=None, extra=()):
         cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32},
@@ -274,7 +277,6 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     refused("without the draft tokens of candidate steps [5]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8}})
     refused("draft-tokens 1 with steps=3, topk=8 (eagle_triton_draft_tokens of candidate 3)",
             {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 1, "5": 32}})
-    refused("'cost' with --speculative-eagle-topk 8 yet", {config.ADAPTIVE_POLICY_KEY: "cost"})
     refused("--speculative-eagle-topk 8 and --page-size 16 yet", extra=["--page-size", "16"])
     monkeypatch.delenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV)
     refused("(tree candidates) yet: built, not yet run on GPUs")

@@ -3,12 +3,22 @@ docs/adaptive.md): the expected tokens of the tree SGLang keeps, and the per-dep
 from what verification reached and accepted."""
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from bench.tree_shape import tree
-from sgl_eagle_triton.adaptive import DepthAcceptance, TreeAcceptance, chain_tokens, tree_tokens
+from sgl_eagle_triton.adaptive import (
+    CostAwarePolicy,
+    CycleCost,
+    DepthAcceptance,
+    TreeAcceptance,
+    TreeEvidence,
+    chain_tokens,
+    tree_tokens,
+)
 from sgl_eagle_triton.simulated_acceptance import PROFILES
 
 
@@ -93,3 +103,71 @@ def test_untried_sibling_ranks_take_the_rest_of_rank_zeros_chance():
     assert est.rate(1, 1) == pytest.approx((1 - r0) * 0.35) and est.rate(1, 2) == pytest.approx((1 - r0) * 0.175)
     assert est.rate(1, 4) == 0.0  # beyond the ranks it tracks
     assert sum(est.rate(1, r) for r in range(4)) <= 1.0
+
+
+# --- the cost policy over tree candidates --------------------------------------------------------------------------
+
+def hand_tree():
+    """Root children 1, 2, 3; node 2's children 4, 5 (tests/test_tree_evidence.py): request 0 accepts 2 then 5."""
+    return SimpleNamespace(retrieve_next_token=torch.tensor([[1, -1, 4, -1, -1, -1]]),
+                           retrieve_next_sibling=torch.tensor([[-1, 2, 3, -1, 5, -1]]),
+                           retrieve_index=torch.arange(6).view(1, 6))
+
+
+def test_tree_evidence_decays_adds_and_hands_the_host_a_copy():
+    evidence = TreeEvidence(3, 4, "cpu", decay=0.5)
+    accept_index, accept_lens = torch.tensor([[0, 2, 5, -1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    evidence.add(accept_index, accept_lens, hand_tree())
+    evidence.add(accept_index, accept_lens, hand_tree())  # 0.5 x the first + the second
+    one_node = SimpleNamespace(retrieve_next_token=torch.full((1, 1), -1), retrieve_next_sibling=torch.full((1, 1), -1),
+                               retrieve_index=torch.zeros(1, 1, dtype=torch.int64))
+    evidence.add(torch.tensor([[0, -1, -1, -1]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), one_node)
+    tried, passed = evidence.snapshot()  # steps 0 neither added nor decayed
+    assert tried[1] == [1.5, 1.5, 1.5, 0.0] and tried[2] == [1.5, 1.5, 0.0, 0.0]
+    assert passed[1] == [0.0, 1.5, 0.0, 0.0] and passed[2] == [0.0, 1.5, 0.0, 0.0]
+
+
+PROFILE = PROFILES["llama31-8b-eagle3"]
+TREES = {1: (8, 2), 3: (8, 8), 5: (8, 32)}
+# ms per cycle (graph replay) at batch 1 and 64: deep wide trees cost little more alone, much more in a crowd
+TREE_COSTS = {(0, 1): 7.0, (1, 1): 7.3, (3, 1): 8.0, (5, 1): 9.5, (0, 64): 8.0, (1, 64): 10.0, (3, 64): 20.0,
+              (5, 64): 70.0}
+
+
+class ProfileEvidence:
+    """Device counts as if many verifies had run under the benchmark profile: 1000 trials per depth and rank."""
+
+    def snapshot(self):
+        tried = [[1000.0] * 8 for _ in range(6)]
+        passed = [[1000.0 * PROFILE["rank_probs"][r] * PROFILE["depth_decay"] ** (d - 1) for r in range(8)]
+                  for d in range(6)]
+        return tried, passed
+
+
+def test_the_policy_predicts_trees_by_rank_and_picks_by_value():
+    policy = CostAwarePolicy([0, 1, 3, 5], 3, update_interval=1, settle=0, trees=TREES, evidence=ProfileEvidence())
+    policy.set_costs(CycleCost(TREE_COSTS))
+    policy._refresh_trees()  # a decision's first step: the device counts into the estimate (no verify observed yet)
+    assert policy.efficiency == 1.0
+    def profile_rate(d, r):
+        return PROFILE["rank_probs"][r] * PROFILE["depth_decay"] ** (d - 1)
+
+    assert policy.expected_tokens(5) == pytest.approx(tree_tokens(profile_rate, 5, 8, 32), rel=0.02)
+    assert policy.best(1) == 5 and policy.best(64) == 1
+    report = policy.report()
+    assert report["rank_rates"][0][:2] == [pytest.approx(0.82, abs=0.01), pytest.approx(0.06, abs=0.01)]
+    assert set(report["expected_tokens"]) == {"0", "1", "3", "5"} and report["expected_tokens"]["0"] == 1.0
+
+
+def test_a_tree_committing_less_than_predicted_lowers_every_trees_prediction():
+    policy = CostAwarePolicy([0, 1, 3, 5], 5, update_interval=1, settle=0, trees=TREES, evidence=ProfileEvidence())
+    policy.set_costs(CycleCost(TREE_COSTS))
+    policy._refresh_trees()
+    raw = {s: policy._tree_prediction(s) for s in TREES}
+    assert policy.best(64) == 1
+    for _ in range(20):  # the 5-step tree in force commits 2 tokens per verify, about half its prediction
+        policy.on_verify_complete([1] * 8, 1)
+    assert policy.efficiency == pytest.approx(0.5, abs=0.02)
+    assert policy.expected_tokens(3) == pytest.approx(raw[3] * policy.efficiency)
+    # alone the deep tree still commits most per ms; in a crowd no speculation now beats the one-step tree
+    assert policy.current == 5 and policy.best(64) == 0
