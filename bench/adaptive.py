@@ -2,7 +2,8 @@
 static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
-        [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost] \\
+        [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
+                   eagle_triton_cost_trees] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -55,8 +56,13 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle3_adaptive": ("EAGLE3", "sglang"),
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
+    "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
 }
 DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
+# eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0 (an explicit trial: the
+# experimental knob is set for that server)
+TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 3: 8, 5: 32, 7: 64}
+TREES_ENV = {"SGL_EAGLE_TRITON_EXPERIMENTAL_ADAPTIVE_TREES": "1"}
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -75,6 +81,13 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
             config = config_dir / "adaptive-cost.json"
             config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": DEFAULT_CANDIDATES}}))
             args += ["--speculative-adaptive-config", str(config)]
+        if policy == "cost-trees":
+            config = config_dir / "adaptive-cost-trees.json"
+            trees = {"eagle_triton_policy": "cost", "1": {"candidate_steps": [0, *TREE_DRAFT_TOKENS]},
+                     "eagle_triton_draft_tokens": {str(s): n for s, n in TREE_DRAFT_TOKENS.items()}}
+            config.write_text(json.dumps(trees))
+            args += ["--speculative-adaptive-config", str(config), "--speculative-eagle-topk", str(TREE_TOPK),
+                     "--speculative-num-steps", "3"]
         return args
     steps, topk, n = shape
     return [*args, "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
@@ -224,7 +237,7 @@ def main(argv=None):
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
-                            args.workdir, env=env)
+                            args.workdir, env={**env, **(TREES_ENV if policy == "cost-trees" else {})})
             try:
                 server.wait_ready(900)
                 for batch in args.batches:

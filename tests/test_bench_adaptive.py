@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from bench import adaptive
+from sgl_eagle_triton import config as sgl_config
 
 
 def test_spec_args_per_system(tmp_path):
@@ -19,6 +20,12 @@ def test_spec_args_per_system(tmp_path):
     cost = adaptive.spec_args("eagle_triton_cost", draft, None, tmp_path)
     config = json.loads(Path(cost[cost.index("--speculative-adaptive-config") + 1]).read_text())
     assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
+    trees = adaptive.spec_args("eagle_triton_cost_trees", draft, None, tmp_path)
+    config = json.loads(Path(trees[trees.index("--speculative-adaptive-config") + 1]).read_text())
+    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 5, 7]
+    assert trees[trees.index("--speculative-eagle-topk") + 1] == "8"
+    for steps, n in config["eagle_triton_draft_tokens"].items():  # every tree buildable (else refused at start)
+        sgl_config._check_tree(int(steps), adaptive.TREE_TOPK, n)
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
     assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
     env = adaptive.simulation_env(3.5, "llama31-8b-eagle3")
