@@ -10,6 +10,29 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tests import compile_check
+
+    compile_check.install()  # every interpreted kernel is also compiled for sm_90 at the end (tests/compile_check.py)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """On the CPU: compile every kernel the tests interpreted, for an H100; a kernel that does not compile fails
+    the run (the interpreter skips the compiler's checks)."""
+    if HAS_CUDA or exitstatus != 0:
+        return
+    from tests import compile_check
+
+    if not compile_check.RECORDS:
+        return
+    failures = compile_check.compile_all(compile_check.RECORDS)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"compile check: {len(compile_check.RECORDS)} kernels for sm_90, "
+                            f"{len(failures)} failed")
+        for line in failures:
+            reporter.write_line(f"  {line}")
+    if failures:
+        session.exitstatus = 1
 
 
 def pytest_collection_modifyitems(config, items):

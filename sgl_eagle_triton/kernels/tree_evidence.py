@@ -33,7 +33,7 @@ def _tree_evidence_kernel(
     accepted_drafts = tl.load(accept_token_num_ptr + b)
     depth = 1
     rank = 0
-    accepted = -1
+    accepted = tl.full((), -1, tl.int64)  # loop-carried with the int64 node ids (compiled Triton checks the type)
     steps = 0
     # One iteration per reached node: count it at (depth, rank); at the end of a sibling list descend into the
     # accepted child, if any. The step bound only guards against a cyclic sibling list.

@@ -1,0 +1,104 @@
+"""Compiling every Triton kernel the CPU run interprets, for an H100 (sm_90), without a GPU.
+
+The Triton interpreter (``TRITON_INTERPRET=1``, CPU CI) skips the compiler's checks (e.g. a loop-carried variable
+whose type changes in a ``while`` loop), so a kernel can pass every CPU test and fail to compile on the GPU.
+:func:`record` (installed by tests/conftest.py) notes each kernel's first launch: its module, name, argument types
+and constexpr values, and launch options. :func:`compile_all` compiles those in a fresh process without the
+interpreter, as ``triton.compile`` does on a GPU host (ptx and cubin for sm_90a; Triton's bundled ptxas).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import torch
+
+RECORDS: dict[str, dict] = {}
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
+          torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+          torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _type(value) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return "*" + DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    return None  # None or other: passed as a constexpr
+
+
+def record(function, args, kwargs) -> None:
+    """Notes the launch of ``function`` (an interpreted kernel's Python function) with ``args`` / ``kwargs``."""
+    key = f"{function.__module__}.{function.__qualname__}"
+    if key in RECORDS or not function.__module__.startswith("sgl_eagle_triton"):
+        return
+    params = inspect.signature(function).parameters
+    bound = dict(zip(params, args, strict=False))
+    bound.update({k: v for k, v in kwargs.items() if k in params})
+    signature, constexprs = {}, {}
+    for name, param in params.items():
+        value = bound.get(name, param.default)
+        if "constexpr" in str(param.annotation) or _type(value) is None:
+            signature[name], constexprs[name] = "constexpr", value if not isinstance(value, torch.dtype) else None
+        else:
+            signature[name] = _type(value)
+    RECORDS[key] = dict(module=function.__module__, name=function.__name__, signature=signature,
+                        constexprs=constexprs, options={k: kwargs[k] for k in OPTIONS if k in kwargs})
+
+
+def install() -> None:
+    """Wraps the interpreter's kernel launch so that every launch is recorded (once per kernel)."""
+    from triton.runtime import interpreter
+
+    run = interpreter.InterpretedFunction.run
+    if getattr(run, "compile_check", False):
+        return
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        try:
+            record(self.fn, args, kwargs)
+        except Exception:  # an argument this recorder cannot type: that kernel is not checked
+            pass
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    recording_run.compile_check = True
+    interpreter.InterpretedFunction.run = recording_run
+
+
+def _compile(record_: dict) -> str | None:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(importlib.import_module(record_["module"]), record_["name"])
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):  # an Autotuner / Heuristics wraps it
+        kernel = kernel.fn
+    try:
+        source = ASTSource(kernel, record_["signature"], constexprs=record_["constexprs"])
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=record_["options"])
+    except Exception as e:  # noqa: BLE001 - the compiler's message is the report
+        return f"{record_['module']}.{record_['name']}: {type(e).__name__}: {' | '.join(str(e).splitlines())[:600]}"
+    return None
+
+
+def compile_all(records: dict[str, dict]) -> list[str]:
+    """Compiles ``records`` in a fresh process without the interpreter; returns one line per failure."""
+    code = ("import json, sys; from tests.compile_check import _compile; "
+            "records = json.load(sys.stdin); "
+            "print(json.dumps([m for r in records.values() if (m := _compile(r))]))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(records, default=str), capture_output=True,
+                         text=True, env=env, timeout=900)
+    if out.returncode:
+        return [f"compile check process failed: {out.stderr[-2000:]}"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
