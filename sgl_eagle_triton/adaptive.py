@@ -296,7 +296,8 @@ class CostAwarePolicy:
             self.acceptance = TreeAcceptance(max(self.candidate_steps), max(topk for topk, _ in trees.values()))
         else:
             self.acceptance = DepthAcceptance(max(self.candidate_steps))
-        self.efficiency = 1.0  # trees: observed / predicted tokens of the tree in force (EMA), applied to every tree
+        # trees: observed / predicted tokens per candidate that has been in force (EMA); others take the nearest's
+        self.efficiency: dict[int, float] = {}
         self._observed = [0.0, 0]  # trees: tokens committed and requests verified since the last decision
         self.costs: CycleCost | None = None
         self.update_interval, self.settle, self.margin = update_interval, settle, margin
@@ -371,23 +372,35 @@ class CostAwarePolicy:
             return self.acceptance.expected_tokens(steps)
         if steps == 0:
             return 1.0
-        return self._tree_prediction(steps) * self.efficiency
+        return self._tree_prediction(steps) * self.efficiency_of(steps)
+
+    def efficiency_of(self, steps: int) -> float:
+        """The tree's observed / predicted tokens when it has been in force, else the nearest such tree's (fewer
+        steps on a tie), else 1."""
+        if steps in self.efficiency:
+            return self.efficiency[steps]
+        if not self.efficiency:
+            return 1.0
+        return self.efficiency[min(self.efficiency, key=lambda s: (abs(s - steps), s))]
 
     def _tree_prediction(self, steps: int) -> float:
         topk, n = self.trees[steps]
         return self.acceptance.expected_tokens(steps, topk, n)
 
     def _refresh_trees(self) -> None:
-        """Before a decision: the device counts into the acceptance model, and the tree in force's observed /
-        predicted tokens into the efficiency (EMA weight 0.3, kept within 0.5..1.2)."""
+        """Before a decision: the device counts into the acceptance model, then the tree in force's observed /
+        predicted tokens into its efficiency (EMA weight 0.3 from its first ratio, kept within 0.5..1.2). Before the
+        first counts arrive the prediction is the prior's, and no efficiency is learnt from it."""
         counts = self.evidence.snapshot() if self.evidence is not None else None
-        if counts is not None:
-            self.acceptance.load(*counts)
         tokens, requests = self._observed
+        self._observed = [0.0, 0]
+        if counts is None:
+            return
+        self.acceptance.load(*counts)
         if self.current > 0 and requests:
             ratio = (tokens / requests) / self._tree_prediction(self.current)
-            self.efficiency = min(max(0.7 * self.efficiency + 0.3 * ratio, 0.5), 1.2)
-        self._observed = [0.0, 0]
+            old = self.efficiency.get(self.current, ratio)
+            self.efficiency[self.current] = min(max(0.7 * old + 0.3 * ratio, 0.5), 1.2)
 
     def value(self, steps: int, batch_size: int) -> float:
         """Expected committed tokens per ms per request."""
@@ -403,7 +416,7 @@ class CostAwarePolicy:
         if self.trees:
             out["rank_rates"] = [[round(self.acceptance.rate(d, r), 3) for r in range(self.acceptance.max_rank)]
                                  for d in depths]
-            out["efficiency"] = round(self.efficiency, 3)
+            out["efficiency"] = {str(k): round(v, 3) for k, v in sorted(self.efficiency.items())}
             out["expected_tokens"] = {str(s): round(self.expected_tokens(s), 3) for s in self.candidate_steps}
         else:
             out["depth_rates"] = [round(self.acceptance.rate(d), 3) for d in depths]

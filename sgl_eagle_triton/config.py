@@ -209,6 +209,9 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
     if (sa.page_size or 1) > 1:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} and --page-size {sa.page_size} yet",
                 "Use --page-size 1.")
+    if topk > MAX_TOPK:
+        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk}", f"Use a topk of at most {MAX_TOPK}.")
+    _check_topk_backend(sa, topk)
     given = _adaptive_config(sa).get(ADAPTIVE_DRAFT_TOKENS_KEY, {})
     missing = [s for s in candidates if s > 0 and str(s) not in given]
     if missing:
@@ -235,11 +238,19 @@ def _adaptive_config(sa) -> dict:
         return json.load(f)
 
 
+# the server args' attribute holding the tree candidates' draft tokens as read at start ({steps: n}; pickled to every
+# process with the server args, so that no process reads the config file again)
+RESOLVED_DRAFT_TOKENS_ATTR = "eagle_triton_adaptive_draft_tokens"
+
+
 def adaptive_draft_tokens(sa, steps: int) -> int:
     """The draft tokens of the adaptive candidate of ``steps`` (its tree: steps, the server's topk, these): steps + 1
-    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry."""
+    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry (as read at start)."""
     if steps == 0 or (sa.speculative_eagle_topk or 1) == 1:
         return steps + 1
+    resolved = vars(sa).get(RESOLVED_DRAFT_TOKENS_ATTR)
+    if resolved is not None:
+        return resolved[steps]
     return int(_adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY][str(steps)])
 
 
@@ -338,6 +349,15 @@ def _validate(sa) -> None:
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
+def _check_topk_backend(sa, topk: int) -> set:
+    """The attention backends in use (returned); topk > 1 is refused on trtllm_mha."""
+    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
+    if topk > 1 and "trtllm_mha" in backends:
+        _refuse("--speculative-eagle-topk > 1 with --attention-backend trtllm_mha",
+                "Use --speculative-eagle-topk 1 or another backend.")
+    return backends
+
+
 def _check_tree(steps: int, topk: int, n: int, source: str = "") -> None:
     """A tree of ``n`` draft tokens is buildable from ``steps`` levels of ``topk`` (``source``: where n came from,
     when not the flag)."""
@@ -373,10 +393,7 @@ def _resolve_tree_shape(sa) -> None:
         _refuse(f"--speculative-num-steps {steps} with --speculative-eagle-topk {topk}",
                 f"Use steps >= 1 and 1 <= topk <= {MAX_TOPK}.")
     _check_tree(steps, topk, n)
-    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
-    if topk > 1 and "trtllm_mha" in backends:
-        _refuse("--speculative-eagle-topk > 1 with --attention-backend trtllm_mha",
-                "Use --speculative-eagle-topk 1 or another backend.")
+    backends = _check_topk_backend(sa, topk)
     paged_off = sorted(backends - set(PAGED_TREE_BACKENDS))
     if topk > 1 and (sa.page_size or 1) > 1 and paged_off:
         _refuse(f"--speculative-eagle-topk {topk} with --page-size {sa.page_size} on the {', '.join(paged_off)} "
@@ -418,6 +435,10 @@ def handle_server_args(sa) -> None:
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)
     elif (sa.speculative_eagle_topk or 1) > 1:  # tree candidates: SGLang set draft tokens = steps + 1 (chains)
+        from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+        candidates = resolve_candidate_steps_from_config(sa.speculative_adaptive_config)
+        vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR] = {s: adaptive_draft_tokens(sa, s) for s in candidates}
         sa.speculative_num_draft_tokens = adaptive_draft_tokens(sa, sa.speculative_num_steps)
         # a cached property: the value stored here is what every process reads (server args are pickled)
         sa.__dict__["max_speculative_num_draft_tokens"] = adaptive_tree_reservation(sa)

@@ -46,6 +46,7 @@ from contextlib import contextmanager
 import sglang
 import torch
 from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
+from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
@@ -420,17 +421,30 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per
         request as a plain decode step (:class:`sgl_eagle_triton.verify.OneNodeVerifyAttention`, Triton backend).
         With topk > 1 (tree candidates) SGLang asks for steps + 1 draft tokens; the state gets the candidate's own
-        (:func:`sgl_eagle_triton.config.adaptive_draft_tokens`)."""
-        speculative_num_draft_tokens = config.adaptive_draft_tokens(self.server_args, speculative_num_steps)
-        if speculative_num_steps != 0:
-            return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
-                                                        cuda_graph_bs)
+        (:func:`sgl_eagle_triton.config.adaptive_draft_tokens`). Its draft-extend CUDA graph is captured at the
+        state's width: SGLang 0.5.17 takes the server args' (the initial state's) draft tokens, so a wider state's
+        capture ran its query layout over narrower buffers and its extend then never replayed (eager)."""
+        n = config.adaptive_draft_tokens(self.server_args, speculative_num_steps)
+        resolve = draft_extend_graph_runner.resolve_num_tokens_per_req
+
+        def state_width(phase, *args, **kwargs):  # SGLang reads the draft extend's width from the server args
+            return n if phase == "draft_extend" else resolve(phase, *args, **kwargs)
+
         runner = self._target_worker.model_runner
         make_backend = runner._get_attention_backend
-        with _swapped(runner, "_get_attention_backend",
-                      lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
-            return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
-                                                        cuda_graph_bs)
+        with _swapped(draft_extend_graph_runner, "resolve_num_tokens_per_req", state_width):
+            if speculative_num_steps != 0:
+                state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
+            else:
+                with _swapped(runner, "_get_attention_backend",
+                              lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
+                    state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
+        width = getattr(getattr(state, "cuda_graph_runner_for_draft_extend", None), "captured_req_width", n)
+        if width != n:
+            raise RuntimeError(f"{ALGORITHM_NAME}: the adaptive state of {speculative_num_steps} steps captured its "
+                               f"draft-extend graph {width} tokens wide, not its {n} draft tokens (SGLang "
+                               f"{sglang.__version__} no longer reads the width through resolve_num_tokens_per_req)")
+        return state
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each

@@ -6,6 +6,7 @@ separately).
 """
 
 import json
+import pickle
 import re
 from importlib.metadata import entry_points
 
@@ -262,6 +263,9 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 8, 8)
     assert sa.max_speculative_num_draft_tokens == 5 * 8  # 5 levels of 8 candidates each get KV slots
     assert [config.adaptive_draft_tokens(sa, s) for s in (0, 1, 3, 5)] == [1, 2, 8, 32]
+    cfg.rename(tmp_path / "gone.json")  # read once at start: the server args carry them to every process
+    assert [config.adaptive_draft_tokens(pickle.loads(pickle.dumps(sa)), s) for s in (1, 3, 5)] == [2, 8, 32]
+    (tmp_path / "gone.json").rename(cfg)
     assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
     assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
     cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32},
@@ -278,6 +282,9 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     refused("draft-tokens 1 with steps=3, topk=8 (eagle_triton_draft_tokens of candidate 3)",
             {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 1, "5": 32}})
     refused("--speculative-eagle-topk 8 and --page-size 16 yet", extra=["--page-size", "16"])
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-eagle-topk 32")):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk", "32",
+              "--speculative-num-steps", "3")
     monkeypatch.delenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV)
     refused("(tree candidates) yet: built, not yet run on GPUs")
 

@@ -148,7 +148,7 @@ def test_the_policy_predicts_trees_by_rank_and_picks_by_value():
     policy = CostAwarePolicy([0, 1, 3, 5], 3, update_interval=1, settle=0, trees=TREES, evidence=ProfileEvidence())
     policy.set_costs(CycleCost(TREE_COSTS))
     policy._refresh_trees()  # a decision's first step: the device counts into the estimate (no verify observed yet)
-    assert policy.efficiency == 1.0
+    assert policy.efficiency == {} and policy.efficiency_of(5) == 1.0
     def profile_rate(d, r):
         return PROFILE["rank_probs"][r] * PROFILE["depth_decay"] ** (d - 1)
 
@@ -167,7 +167,13 @@ def test_a_tree_committing_less_than_predicted_lowers_every_trees_prediction():
     assert policy.best(64) == 1
     for _ in range(20):  # the 5-step tree in force commits 2 tokens per verify, about half its prediction
         policy.on_verify_complete([1] * 8, 1)
-    assert policy.efficiency == pytest.approx(0.5, abs=0.02)
-    assert policy.expected_tokens(3) == pytest.approx(raw[3] * policy.efficiency)
+    assert policy.efficiency == {5: pytest.approx(0.5, abs=0.02)}
+    assert policy.expected_tokens(3) == pytest.approx(raw[3] * policy.efficiency[5])  # the nearest tree's
     # alone the deep tree still commits most per ms; in a crowd no speculation now beats the one-step tree
     assert policy.current == 5 and policy.best(64) == 0
+
+
+def test_a_tree_never_in_force_takes_the_nearest_trees_efficiency():
+    policy = CostAwarePolicy([0, 1, 3, 5, 7], 3, trees={1: (8, 2), 3: (8, 8), 5: (8, 32), 7: (8, 64)})
+    policy.efficiency = {1: 0.9, 5: 0.6}
+    assert [policy.efficiency_of(s) for s in (1, 3, 5, 7)] == [0.9, 0.9, 0.6, 0.6]  # a tie: the shallower's

@@ -559,3 +559,30 @@ def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch,
     for steps in (0, 1, 3):
         w.build_adaptive_runtime_state(steps, steps + 1)
     assert built == [(0, 1), (1, 2), (3, 12)]
+
+
+def test_each_adaptive_state_captures_its_draft_extend_at_its_own_width(monkeypatch):
+    """SGLang 0.5.17's draft-extend graph runner takes its width from the server args (the initial state's draft
+    tokens); while a state is built it gets the state's, and a state captured at another width is refused."""
+    from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as runner_module
+    from sglang.srt.speculative import spec_utils
+
+    server_args = SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+
+    def stock_build(self, steps, n, cuda_graph_bs=None):  # as SGLang's runner constructor reads it
+        width = runner_module.resolve_num_tokens_per_req(phase="draft_extend", server_args=server_args)
+        return SimpleNamespace(cuda_graph_runner_for_draft_extend=SimpleNamespace(captured_req_width=width))
+
+    monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", stock_build)
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(_get_attention_backend=lambda **kwargs: None))
+    w.server_args = server_args
+    assert w.build_adaptive_runtime_state(7, 8).cuda_graph_runner_for_draft_extend.captured_req_width == 8
+    assert w.build_adaptive_runtime_state(1, 2).cuda_graph_runner_for_draft_extend.captured_req_width == 2
+    assert runner_module.resolve_num_tokens_per_req is spec_utils.resolve_num_tokens_per_req  # restored
+    assert runner_module.resolve_num_tokens_per_req(phase="draft_decode", server_args=server_args) == 1
+    monkeypatch.setattr(runner_module, "resolve_num_tokens_per_req", lambda phase, **kwargs: 4)  # SGLang moved on
+    monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", lambda self, steps, n, cuda_graph_bs=None:
+                        SimpleNamespace(cuda_graph_runner_for_draft_extend=SimpleNamespace(captured_req_width=4)))
+    with pytest.raises(RuntimeError, match="captured its draft-extend graph 4 tokens wide, not its 8"):
+        w.build_adaptive_runtime_state(7, 8)
