@@ -35,6 +35,23 @@ def _type(value) -> str | None:
     return None  # None or other: passed as a constexpr
 
 
+def _constexpr(value):
+    """A constexpr value as JSON can carry it: a Triton dtype as ``{"tl_dtype": name}``."""
+    import triton.language as tl
+
+    if isinstance(value, tl.constexpr):
+        value = value.value
+    if isinstance(value, tl.dtype):
+        return {"tl_dtype": str(value)}
+    return value
+
+
+def _from_json(value):
+    import triton.language as tl
+
+    return tl.dtype(value["tl_dtype"]) if isinstance(value, dict) and "tl_dtype" in value else value
+
+
 def record(function, args, kwargs) -> None:
     """Notes the launch of ``function`` (an interpreted kernel's Python function) with ``args`` / ``kwargs``."""
     key = f"{function.__module__}.{function.__qualname__}"
@@ -47,7 +64,7 @@ def record(function, args, kwargs) -> None:
     for name, param in params.items():
         value = bound.get(name, param.default)
         if "constexpr" in str(param.annotation) or _type(value) is None:
-            signature[name], constexprs[name] = "constexpr", value if not isinstance(value, torch.dtype) else None
+            signature[name], constexprs[name] = "constexpr", _constexpr(value)
         else:
             signature[name] = _type(value)
     RECORDS[key] = dict(module=function.__module__, name=function.__name__, signature=signature,
@@ -84,7 +101,8 @@ def _compile(record_: dict) -> str | None:
     while not isinstance(kernel, triton.runtime.jit.JITFunction):  # an Autotuner / Heuristics wraps it
         kernel = kernel.fn
     try:
-        source = ASTSource(kernel, record_["signature"], constexprs=record_["constexprs"])
+        constexprs = {name: _from_json(value) for name, value in record_["constexprs"].items()}
+        source = ASTSource(kernel, record_["signature"], constexprs=constexprs)
         triton.compile(source, target=GPUTarget("cuda", 90, 32), options=record_["options"])
     except Exception as e:  # noqa: BLE001 - the compiler's message is the report
         return f"{record_['module']}.{record_['name']}: {type(e).__name__}: {' | '.join(str(e).splitlines())[:600]}"
