@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -114,9 +116,11 @@ def compile_all(records: dict[str, dict]) -> list[str]:
     code = ("import json, sys; from tests.compile_check import _compile; "
             "records = json.load(sys.stdin); "
             "print(json.dumps([m for r in records.values() if (m := _compile(r))]))")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent  # the repository: tests and the package import from it
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(records, default=str), capture_output=True,
-                         text=True, env=env, timeout=900)
+                         text=True, env=env, cwd=root, timeout=900)
     if out.returncode:
         return [f"compile check process failed: {out.stderr[-2000:]}"]
     return json.loads(out.stdout.strip().splitlines()[-1])
