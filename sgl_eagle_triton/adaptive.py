@@ -104,56 +104,27 @@ class TreeAcceptance:
     after an accepted node at depth ``d - 1`` is that node's child of sibling rank ``r`` (rank 0: the draft's best),
     which predicts trees that are not in force (:func:`tree_tokens`).
 
-    Evidence: every node a verify reached, as ``(depth of its children, kept children m, accepted rank or -1)``.
-    SGLang keeps a node's children as a prefix of its ranks (a child's score is the parent's times its
-    probability), and the target's token is at most one of them, so each kept rank ``r < m`` is one trial of
-    ``(d, r)`` and the accepted one its success. A chain's verify that accepted ``k`` of ``s`` drafts reached
-    depths ``1..min(k + 1, s)`` with one child each (:meth:`observe_chain`).
+    Evidence: ``tried`` / ``passed`` counts [depth][rank] (:meth:`load`, from :class:`TreeEvidence`, which counts and
+    decays them on the device). SGLang keeps a node's children as a prefix of its ranks (a child's score is the
+    parent's times its probability), and the target's token is at most one of them, so each kept rank ``r < m`` of a
+    reached node is one trial of ``(d, r)`` and the accepted one its success.
 
     Priors (Beta, weight ``prior[1]``): rank 0 ``prior[0]``; rank ``r > 0`` at a depth, ``(1 - rate(d, 0)) *
     share * ratio ** (r - 1)`` (``sibling_share``: what ranks below the first take of the rest, halving per rank;
     shaped after the benchmark profile, bench/README.md, and overridden by observed trials). A depth never tried at
-    a rank takes the deepest depth above it tried at that rank. ``decay`` multiplies the counts before each verify.
+    a rank takes the deepest depth above it tried at that rank.
     """
 
-    def __init__(self, max_depth: int, max_rank: int, prior: tuple[float, float] = (0.6, 4.0), decay: float = 0.98,
+    def __init__(self, max_depth: int, max_rank: int, prior: tuple[float, float] = (0.6, 4.0),
                  sibling_share: tuple[float, float] = (0.35, 0.5)):
         self.prior_rate, self.prior_weight = prior
-        self.decay = decay
         self.share, self.ratio = sibling_share
         self.max_depth, self.max_rank = max_depth, max_rank
         self.passed = [[0.0] * max_rank for _ in range(max_depth + 1)]  # [depth][rank], depth >= 1
         self.tried = [[0.0] * max_rank for _ in range(max_depth + 1)]
 
-    def observe_nodes(self, visits) -> None:
-        """One verify's reached nodes: ``(depth, kept children, accepted rank or -1)`` each (see the class)."""
-        visits = list(visits)
-        if not visits:
-            return
-        for table in (self.passed, self.tried):
-            for row in table:
-                row[:] = [x * self.decay for x in row]
-        for depth, kept, accepted in visits:
-            if not 1 <= depth <= self.max_depth:
-                continue
-            tried = self.tried[depth]
-            for r in range(min(kept, self.max_rank)):
-                tried[r] += 1
-            if 0 <= accepted < self.max_rank:
-                self.passed[depth][accepted] += 1
-
-    def observe_chain(self, steps: int, correct_per_req: list[int]) -> None:
-        """One verify of a chain of ``steps`` drafts; ``correct_per_req``: accepted drafts per request."""
-        if steps <= 0 or not correct_per_req:
-            return
-        visits = []
-        for k in correct_per_req:
-            k = min(max(int(k), 0), steps)
-            visits += [(d, 1, 0) for d in range(1, k + 1)] + ([(k + 1, 1, -1)] if k < steps else [])
-        self.observe_nodes(visits)
-
     def load(self, tried: list, passed: list) -> None:
-        """Counts kept elsewhere (:class:`TreeEvidence`, decayed there), [depth][rank] each, replace these."""
+        """The counts, [depth][rank] each (as :class:`TreeEvidence` keeps them), replace these."""
         for mine, theirs in ((self.tried, tried), (self.passed, passed)):
             for d in range(min(len(mine), len(theirs))):
                 row = theirs[d][:self.max_rank]
@@ -195,7 +166,9 @@ class TreeEvidence:
     def __init__(self, max_depth: int, ranks: int, device, decay: float = 0.98):
         import torch
 
-        self.decay = decay
+        from sgl_eagle_triton.kernels.tree_evidence import tree_evidence
+
+        self.decay, self._count = decay, tree_evidence
         self.tables = torch.zeros(2, max_depth + 1, ranks, dtype=torch.float32, device=device)
         cuda = self.tables.device.type == "cuda"
         self._host = torch.zeros(self.tables.shape, dtype=torch.float32, pin_memory=cuda)
@@ -205,14 +178,12 @@ class TreeEvidence:
     def add(self, accept_index, accept_lens, verify_input) -> None:
         """One verify's results (``eagle_sample``'s accept index [bs, S + 1] int32 and accept lengths [bs] int32,
         the bonus included) over its tree (``verify_input.retrieve_*`` [bs, n])."""
-        from sgl_eagle_triton.kernels.tree_evidence import tree_evidence
-
         next_token = verify_input.retrieve_next_token
         if next_token.dim() != 2 or next_token.shape[0] == 0 or next_token.shape[1] < 2:
             return
         self.tables.mul_(self.decay)
         accepted_drafts = (accept_lens - 1).to(accept_index.dtype)
-        tree_evidence(self.tables[0], self.tables[1], accept_index.contiguous(), accepted_drafts,
+        self._count(self.tables[0], self.tables[1], accept_index.contiguous(), accepted_drafts,
                       verify_input.retrieve_index.contiguous(), next_token.contiguous(),
                       verify_input.retrieve_next_sibling.contiguous())
 

@@ -35,14 +35,46 @@ def test_a_chain_is_chain_tokens_and_a_small_tree_counts_its_kept_nodes():
     assert tree_tokens(lambda d, r: table[d][0], 2, 1, 3) == pytest.approx(1 + 0.8 + 0.4)
 
 
+class Counts:
+    """``tried`` / ``passed`` [depth][rank] as :class:`TreeEvidence` keeps them on the device: before each verify's
+    nodes are added the tables decay; every reached node ``(depth, kept children, accepted rank or -1)`` adds a trial
+    to each kept rank and a success to the accepted one."""
+
+    def __init__(self, max_depth, ranks, decay=0.98):
+        self.decay = decay
+        self.tried = [[0.0] * ranks for _ in range(max_depth + 1)]
+        self.passed = [[0.0] * ranks for _ in range(max_depth + 1)]
+
+    def verify(self, visits):
+        for table in (self.tried, self.passed):
+            for row in table:
+                row[:] = [x * self.decay for x in row]
+        for depth, kept, accepted in visits:
+            for r in range(min(kept, len(self.tried[depth]))):
+                self.tried[depth][r] += 1
+            if 0 <= accepted < len(self.passed[depth]):
+                self.passed[depth][accepted] += 1
+
+    def chain(self, steps, correct_per_req):
+        """A chain's verify: a request that accepted ``k`` of ``steps`` drafts reached depths 1..min(k + 1, steps),
+        one child each."""
+        self.verify([visit for k in correct_per_req
+                     for visit in [(d, 1, 0) for d in range(1, k + 1)] + ([(k + 1, 1, -1)] if k < steps else [])])
+
+    def into(self, est):
+        est.load(self.tried, self.passed)
+        return est
+
+
 def test_chain_evidence_gives_depth_acceptances_rates():
     rng = random.Random(1)
-    tree_est, depth_est = TreeAcceptance(7, 8), DepthAcceptance(7)
+    counts, depth_est = Counts(7, 8), DepthAcceptance(7)
     for steps in (3, 3, 5, 1, 7, 3):
         for _ in range(30):
             correct = [rng.randint(0, steps) for _ in range(4)]
-            tree_est.observe_chain(steps, correct)
+            counts.chain(steps, correct)
             depth_est.observe(steps, correct)
+        tree_est = counts.into(TreeAcceptance(7, 8))
         for d in range(1, 8):
             assert tree_est.rate(d, 0) == pytest.approx(depth_est.rate(d)), (steps, d)
             assert tree_est.expected_tokens(d) == pytest.approx(depth_est.expected_tokens(d))
@@ -84,10 +116,11 @@ def test_depth_and_rank_rates_are_recovered_from_tree_verifies():
     def rate(d, r):
         return profile["rank_probs"][r] * profile["depth_decay"] ** (d - 1) if r < len(profile["rank_probs"]) else 0.0
 
-    est, rng, np_rng = TreeAcceptance(5, 8, decay=1.0), random.Random(0), np.random.default_rng(0)
+    counts, rng, np_rng = Counts(5, 8, decay=1.0), random.Random(0), np.random.default_rng(0)
     for _ in range(1500):
         paths = tree(np_rng, 5, 8, 32, logit_std=5.0, vocab=1000)
-        est.observe_nodes(simulated_visits(paths, rate, rng))
+        counts.verify(simulated_visits(paths, rate, rng))
+    est = counts.into(TreeAcceptance(5, 8))
     errors = {(d, r): abs(est.rate(d, r) - rate(d, r)) for d in (1, 2, 3) for r in (0, 1, 2)}
     assert max(errors.values()) < RATE_TOLERANCE, errors
     # a tree not in force is predicted from the same rates (an 8-deep tree commits more than the 5-deep one)
@@ -95,9 +128,10 @@ def test_depth_and_rank_rates_are_recovered_from_tree_verifies():
 
 
 def test_untried_sibling_ranks_take_the_rest_of_rank_zeros_chance():
-    est = TreeAcceptance(4, 4)
+    counts = Counts(4, 4)
     for _ in range(200):
-        est.observe_chain(4, [4, 3])  # only rank 0 tried: its rate rises, the other ranks' priors shrink
+        counts.chain(4, [4, 3])  # only rank 0 tried: its rate rises, the other ranks' priors shrink
+    est = counts.into(TreeAcceptance(4, 4))
     r0 = est.rate(1, 0)
     assert r0 > 0.9
     assert est.rate(1, 1) == pytest.approx((1 - r0) * 0.35) and est.rate(1, 2) == pytest.approx((1 - r0) * 0.175)
