@@ -245,24 +245,11 @@ RESOLVED_DRAFT_TOKENS_ATTR = "eagle_triton_adaptive_draft_tokens"
 
 def adaptive_draft_tokens(sa, steps: int) -> int:
     """The draft tokens of the adaptive candidate of ``steps`` (its tree: steps, the server's topk, these): steps + 1
-    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry (as read at start)."""
+    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry as
+    :func:`handle_server_args` read it at start."""
     if steps == 0 or (sa.speculative_eagle_topk or 1) == 1:
         return steps + 1
-    resolved = vars(sa).get(RESOLVED_DRAFT_TOKENS_ATTR)
-    if resolved is not None:
-        return resolved[steps]
-    return int(_adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY][str(steps)])
-
-
-def adaptive_tree_reservation(sa) -> int:
-    """Per-request KV and buffer rows the widest adaptive tree candidate needs: max over candidates of
-    max(steps * topk, draft tokens) (SGLang's ``get_alloc_len_per_decode`` takes the initial step count's
-    steps * topk and ``max_speculative_num_draft_tokens``)."""
-    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
-
-    topk = sa.speculative_eagle_topk or 1
-    return max(max(s * topk, adaptive_draft_tokens(sa, s))
-               for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config))
+    return vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR][steps]
 
 
 def adaptive_policy(sa) -> str:
@@ -422,6 +409,23 @@ def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
     return max(rows, rows // per_req * sa.max_speculative_num_draft_tokens)
 
 
+def _resolve_adaptive_trees(sa) -> None:
+    """Tree candidates' draft tokens from the config file, once, into the server args (every process reads them
+    there: :func:`adaptive_draft_tokens`); the initial state's draft tokens; and the per-request KV and buffer rows
+    of the widest candidate, max over candidates of max(steps * topk, draft tokens), as
+    ``max_speculative_num_draft_tokens`` (SGLang's ``get_alloc_len_per_decode`` takes the initial step count's
+    steps * topk and that; a cached property, so the value stored in the instance is what every process reads)."""
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+    given = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY]
+    resolved = {s: int(given[str(s)]) if s else 1
+                for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
+    vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR] = resolved
+    sa.speculative_num_draft_tokens = resolved[sa.speculative_num_steps]
+    vars(sa)["max_speculative_num_draft_tokens"] = max(max(s * sa.speculative_eagle_topk, n)
+                                                       for s, n in resolved.items())
+
+
 def handle_server_args(sa) -> None:
     """Validate, fill defaults and export the draft kind; mutates ``sa`` in place. Under ``--speculative-adaptive``
     SGLang has already set the initial steps (a candidate), topk 1 unless given, and draft tokens = steps + 1 (for
@@ -435,13 +439,7 @@ def handle_server_args(sa) -> None:
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)
     elif (sa.speculative_eagle_topk or 1) > 1:  # tree candidates: SGLang set draft tokens = steps + 1 (chains)
-        from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
-
-        candidates = resolve_candidate_steps_from_config(sa.speculative_adaptive_config)
-        vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR] = {s: adaptive_draft_tokens(sa, s) for s in candidates}
-        sa.speculative_num_draft_tokens = adaptive_draft_tokens(sa, sa.speculative_num_steps)
-        # a cached property: the value stored here is what every process reads (server args are pickled)
-        sa.__dict__["max_speculative_num_draft_tokens"] = adaptive_tree_reservation(sa)
+        _resolve_adaptive_trees(sa)
     if sa.max_running_requests is None:
         sa.max_running_requests = 48
     if sa.enable_mixed_chunk:

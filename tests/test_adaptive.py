@@ -205,20 +205,17 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
         w.init_cuda_graphs()
 
 
-def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(tmp_path):
+def test_the_cost_policy_over_trees_counts_every_verify_on_the_device():
     """topk > 1: the worker's cost policy predicts each candidate's tree, and its eagle_sample adds what each verify
     accepted to the policy's device counts (chains: SGLang's accept counts alone, eagle_sample untouched)."""
-    import json
-
     import torch
 
     from sgl_eagle_triton import config, verify
 
-    cfg = tmp_path / "adaptive.json"
-    cfg.write_text(json.dumps({config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 6}}))
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w.adaptive_controller = SimpleNamespace(params=SimpleNamespace(candidate_steps=[0, 1, 3]))
-    w.server_args = SimpleNamespace(speculative_eagle_topk=4, speculative_adaptive_config=str(cfg))
+    w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
+    vars(w.server_args)[config.RESOLVED_DRAFT_TOKENS_ATTR] = {0: 1, 1: 2, 3: 6}
     w.topk, w.speculative_num_steps, w.device, w._eagle_sample = 4, 3, "cpu", verify.eagle_sample
     accepted = (torch.zeros(1, dtype=torch.int32), torch.tensor([2], dtype=torch.int32),
                 torch.tensor([[0, 1, -1, -1]], dtype=torch.int32))

@@ -3,7 +3,6 @@ check that our kernels ran, the ``/server_info`` report, ``draft_forward``'s con
 binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tests/fake_sglang.py)."""
 
 import functools
-import json
 import logging
 import re
 from collections import Counter
@@ -544,18 +543,17 @@ def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
     assert type(runner._get_attention_backend()) is TritonAttnBackend  # SGLang's again after the build
 
 
-def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch, tmp_path):
+def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch):
     """With topk > 1 SGLang's controller asks for steps + 1 draft tokens per candidate; each state is built with the
     config file's (config.adaptive_draft_tokens), steps 0 with one."""
     built = []
     monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state",
                         lambda self, steps, n, cuda_graph_bs=None: built.append((steps, n)))
-    cfg = tmp_path / "adaptive.json"
-    cfg.write_text(json.dumps({config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 12}}))
     runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: None)
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
-    w.server_args = SimpleNamespace(speculative_eagle_topk=4, speculative_adaptive_config=str(cfg))
+    w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
+    vars(w.server_args)[config.RESOLVED_DRAFT_TOKENS_ATTR] = {0: 1, 1: 2, 3: 12}
     for steps in (0, 1, 3):
         w.build_adaptive_runtime_state(steps, steps + 1)
     assert built == [(0, 1), (1, 2), (3, 12)]
