@@ -129,9 +129,14 @@ def shard_layout_problems(layouts: list[tuple]) -> list[str]:
     return problems
 
 
+TENSOR_FIELDS = ("embed", "qkv", "o_proj", "post_norm", "gate_up", "down", "lm_head", "input_norm", "hidden_norm",
+                 "final_norm", "fc", "fc_bias", "qkv_bias", "o_bias")  # DraftWeights' weight tensors
+
+
 def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
     """Binds a loaded SGLang ``LlamaForCausalLMEagle3`` / ``LlamaForCausalLMEagle`` (one layer, bf16 or fp16; the
-    server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference. Raises ValueError
+    server-start checks in :mod:`sgl_eagle_triton.config` refuse other drafts) by reference (detached views of
+    SGLang's tensors: the same storage, no autograd). Raises ValueError
     for a draft the fused drafter cannot run (its RoPE, or weights not all bf16 or all fp16)."""
     eagle3 = hasattr(model.model.layers[0], "hidden_norm")
     layer = model.model.layers[0]
@@ -165,8 +170,12 @@ def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
         w.final_norm = model.model.norm.weight
     else:
         w.fc, w.fc_bias = model.model.fc.weight, model.model.fc.bias
-    tensors = (w.embed, w.qkv, w.o_proj, w.post_norm, w.gate_up, w.down, w.lm_head, w.input_norm, w.hidden_norm,
-               w.final_norm, w.fc, w.fc_bias, w.qkv_bias, w.o_bias)
+    # Bound without autograd: SGLang builds EAGLE-1's fc as a torch.nn.Linear (parameters that require grad), and
+    # the draft runs (and is captured) with grad mode on, where out= ops refuse such inputs.
+    for name in TENSOR_FIELDS:
+        if getattr(w, name) is not None:
+            setattr(w, name, getattr(w, name).detach())
+    tensors = tuple(getattr(w, name) for name in TENSOR_FIELDS)
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t is not None})
     if dtypes not in (["bfloat16"], ["float16"]):
         raise ValueError(f"the fused drafter runs drafts whose weights are all bf16 or all fp16; this draft holds "

@@ -306,7 +306,7 @@ def test_alloc_memory_pool_binds_the_drafter_to_sglangs_pools(pool_worker):
     d = dw.fused_drafter
     assert d.k_cache is pools["k"] and d.v_cache is pools["v"] and d.req_to_token is pools["req_to_token"]
     assert (d.topk, d.num_steps, d.num_draft_tokens) == (4, 5, 8)
-    assert d.w.qkv is w.qkv and d.w.token_map is w.token_map and d.w.eagle3
+    assert d.w.qkv.data_ptr() == w.qkv.data_ptr() and d.w.token_map is w.token_map and d.w.eagle3
     assert dw.fused_drafter is d  # one drafter per shape
 
 
@@ -349,11 +349,17 @@ def test_alloc_memory_pool_refuses_rows_without_the_reservation(pool_worker):
 def test_draft_weights_bind_sglangs_tensors_by_reference(eagle3):
     w, _ = random_draft(eagle3, "cpu")
     model = fake_sglang.draft_model(w, vocab_padding=8)
+    if not eagle3:  # SGLang's EAGLE-1 fc is a torch.nn.Linear: parameters that require grad
+        model.model.fc.weight, model.model.fc.bias = (torch.nn.Parameter(t) for t in (w.fc, w.fc_bias))
     bound = draft_weights(model, w.token_map)
     assert bound.eagle3 == eagle3 and bound.token_map is w.token_map
     for name in ("embed", "qkv", "o_proj", "post_norm", "gate_up", "down", "input_norm", "hidden_norm", "final_norm",
                  "fc", "fc_bias", "qkv_bias"):
-        assert getattr(bound, name) is getattr(w, name), name
+        ours, sglangs = getattr(bound, name), getattr(w, name)
+        assert (ours is None) == (sglangs is None), name
+        if ours is not None:  # the same storage, outside autograd (the draft's out= ops run in grad mode)
+            assert ours.data_ptr() == sglangs.data_ptr() and ours.shape == sglangs.shape, name
+            assert not ours.requires_grad, name
     # the LM head without SGLang's padding rows, still a view of the model's tensor
     assert bound.lm_head.shape == w.lm_head.shape and bound.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
     assert (bound.num_q_heads, bound.num_kv_heads, bound.head_dim, bound.eps) == (
@@ -380,7 +386,7 @@ def test_draft_weights_refuse_the_fallback_rope_fp32_and_mixed_dtypes():
 def test_draft_weights_accept_fp16(eagle3):
     w, _ = random_draft(eagle3, "cpu", dtype=torch.float16)
     bound = draft_weights(fake_sglang.draft_model(w), w.token_map)
-    assert bound.dtype == torch.float16 and bound.qkv is w.qkv and bound.down is w.down
+    assert bound.dtype == torch.float16 and bound.qkv.data_ptr() == w.qkv.data_ptr()
 
 
 # --- steps 0 ("off"): the draft KV without the draft extend; the one-node verify attends as a decode -------------
