@@ -205,7 +205,7 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
         w.init_cuda_graphs()
 
 
-def test_the_cost_policy_over_trees_counts_every_verify_on_the_device():
+def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device):
     """topk > 1: the worker's cost policy predicts each candidate's tree, and its eagle_sample adds what each verify
     accepted to the policy's device counts (chains: SGLang's accept counts alone, eagle_sample untouched)."""
     import torch
@@ -216,14 +216,15 @@ def test_the_cost_policy_over_trees_counts_every_verify_on_the_device():
     w.adaptive_controller = SimpleNamespace(params=SimpleNamespace(candidate_steps=[0, 1, 3]))
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
     vars(w.server_args)[config.RESOLVED_DRAFT_TOKENS_ATTR] = {0: 1, 1: 2, 3: 6}
-    w.topk, w.speculative_num_steps, w.device, w._eagle_sample = 4, 3, "cpu", verify.eagle_sample
-    accepted = (torch.zeros(1, dtype=torch.int32), torch.tensor([2], dtype=torch.int32),
-                torch.tensor([[0, 1, -1, -1]], dtype=torch.int32))
+    w.topk, w.speculative_num_steps, w.device, w._eagle_sample = 4, 3, device, verify.eagle_sample
+    accepted = (torch.zeros(1, dtype=torch.int32, device=device), torch.tensor([2], dtype=torch.int32, device=device),
+                torch.tensor([[0, 1, -1, -1]], dtype=torch.int32, device=device))
     w._eagle_sample = lambda *args: accepted  # stands in for ours: one request accepted node 1
     policy = w._make_cost_policy()
     assert policy.trees == {1: (4, 2), 3: (4, 6)} and policy.evidence is not None
-    tree = SimpleNamespace(retrieve_next_token=torch.tensor([[1, -1, -1]]),
-                           retrieve_next_sibling=torch.tensor([[-1, 2, -1]]), retrieve_index=torch.arange(3).view(1, 3))
+    tree = SimpleNamespace(retrieve_next_token=torch.tensor([[1, -1, -1]], device=device),
+                           retrieve_next_sibling=torch.tensor([[-1, 2, -1]], device=device),
+                           retrieve_index=torch.arange(3, device=device).view(1, 3))
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False))
     assert w._eagle_sample(tree, batch, None) == accepted
     assert policy.evidence.tables[0, 1].tolist() == [1.0, 1.0, 0.0, 0.0]  # root's children, ranks 0 and 1 tried

@@ -141,21 +141,27 @@ def test_untried_sibling_ranks_take_the_rest_of_rank_zeros_chance():
 
 # --- the cost policy over tree candidates --------------------------------------------------------------------------
 
-def hand_tree():
+def hand_tree(device="cpu"):
     """Root children 1, 2, 3; node 2's children 4, 5 (tests/test_tree_evidence.py): request 0 accepts 2 then 5."""
-    return SimpleNamespace(retrieve_next_token=torch.tensor([[1, -1, 4, -1, -1, -1]]),
-                           retrieve_next_sibling=torch.tensor([[-1, 2, 3, -1, 5, -1]]),
-                           retrieve_index=torch.arange(6).view(1, 6))
+    return SimpleNamespace(retrieve_next_token=torch.tensor([[1, -1, 4, -1, -1, -1]], device=device),
+                           retrieve_next_sibling=torch.tensor([[-1, 2, 3, -1, 5, -1]], device=device),
+                           retrieve_index=torch.arange(6, device=device).view(1, 6))
 
 
-def test_tree_evidence_decays_adds_and_hands_the_host_a_copy():
-    evidence = TreeEvidence(3, 4, "cpu", decay=0.5)
-    accept_index, accept_lens = torch.tensor([[0, 2, 5, -1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
-    evidence.add(accept_index, accept_lens, hand_tree())
-    evidence.add(accept_index, accept_lens, hand_tree())  # 0.5 x the first + the second
-    one_node = SimpleNamespace(retrieve_next_token=torch.full((1, 1), -1), retrieve_next_sibling=torch.full((1, 1), -1),
-                               retrieve_index=torch.zeros(1, 1, dtype=torch.int64))
-    evidence.add(torch.tensor([[0, -1, -1, -1]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), one_node)
+def test_tree_evidence_decays_adds_and_hands_the_host_a_copy(device):
+    evidence = TreeEvidence(3, 4, device, decay=0.5)
+    accept_index = torch.tensor([[0, 2, 5, -1]], dtype=torch.int32, device=device)
+    accept_lens = torch.tensor([3], dtype=torch.int32, device=device)
+    evidence.add(accept_index, accept_lens, hand_tree(device))
+    evidence.add(accept_index, accept_lens, hand_tree(device))  # 0.5 x the first + the second
+    one_node = SimpleNamespace(retrieve_next_token=torch.full((1, 1), -1, device=device),
+                               retrieve_next_sibling=torch.full((1, 1), -1, device=device),
+                               retrieve_index=torch.zeros(1, 1, dtype=torch.int64, device=device))
+    evidence.add(torch.tensor([[0, -1, -1, -1]], dtype=torch.int32, device=device),
+                 torch.tensor([1], dtype=torch.int32, device=device), one_node)
+    evidence.snapshot()  # on a GPU the first copy is in flight (the host reads the one finished last)
+    if device == "cuda":
+        torch.cuda.synchronize()
     tried, passed = evidence.snapshot()  # steps 0 neither added nor decayed
     assert tried[1] == [1.5, 1.5, 1.5, 0.0] and tried[2] == [1.5, 1.5, 0.0, 0.0]
     assert passed[1] == [0.0, 1.5, 0.0, 0.0] and passed[2] == [0.0, 1.5, 0.0, 0.0]
