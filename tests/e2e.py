@@ -46,33 +46,32 @@ def require_gpus(count: int, what: str) -> None:
         pytest.skip(f"{what} needs {count} GPUs (device kind nvidia-h100-x{count})")
 
 
-def tensor_parallel(size: int) -> tuple[list[str], dict | None]:
+def tensor_parallel(size: int, eagle1: bool = False) -> tuple[list[str], dict | None]:
     """The servers' flags and environment for tensor parallelism over ``size`` GPUs (``[], None`` for one); skips
-    the test on a host with fewer GPUs. ``--tp`` > 1 is an explicit trial until its GPU tests have passed."""
+    the test on a host with fewer GPUs. An EAGLE-1 draft under TP is an explicit trial (config.TESTED_TP_SIZES)."""
     if size == 1:
         return [], None
     require_gpus(size, f"--tp {size}")
-    return ["--tp", str(size)], {config.EXPERIMENTAL_TP_ENV: "1"}
+    return ["--tp", str(size)], {config.EXPERIMENTAL_TP_ENV: "1"} if eagle1 else None
 
 
-# Adaptive tree candidates (topk > 1; an explicit trial until GPU-tested): (steps, TREE_TOPK, draft tokens) each, and
+# Adaptive tree candidates (topk > 1): (steps, TREE_TOPK, draft tokens) each, and
 # steps 0 (no draft); every bracket offers all, so that SGLang's policy and the cycle knob reach each
 TREE_TOPK, TREE_DRAFT_TOKENS = 4, {1: 2, 3: 8, 5: 16}
 TREE_RESERVED = max(max(s * TREE_TOPK, n) for s, n in TREE_DRAFT_TOKENS.items())  # per request (load_mix)
 
 
-def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3, policy: str = "sglang") -> tuple[list[str], dict]:
-    """Server flags (after the draft path) and environment of an EAGLE_TRITON adaptive server over the tree
-    candidates above, deciding by ``policy``; writes its ``--speculative-adaptive-config`` into ``tmp_path``."""
+def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3, policy: str = "sglang") -> list[str]:
+    """Server flags (after the draft path) of an EAGLE_TRITON adaptive server over the tree candidates above,
+    deciding by ``policy``; writes its ``--speculative-adaptive-config`` into ``tmp_path``."""
     import json
 
     steps = [0, *sorted(TREE_DRAFT_TOKENS)]
     cfg = tmp_path / f"adaptive-trees-{policy}.json"
     cfg.write_text(json.dumps({"1": {"candidate_steps": steps}, config.ADAPTIVE_POLICY_KEY: policy,
                                config.ADAPTIVE_DRAFT_TOKENS_KEY: {str(s): n for s, n in TREE_DRAFT_TOKENS.items()}}))
-    return (["--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk",
-             str(TREE_TOPK), "--speculative-num-steps", str(initial_steps)],
-            {config.EXPERIMENTAL_ADAPTIVE_TREES_ENV: "1"})
+    return ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk",
+            str(TREE_TOPK), "--speculative-num-steps", str(initial_steps)]
 
 
 PROMPTS = list(CODE_PROMPTS)
@@ -104,24 +103,51 @@ def serve_all(server: Server, with_logprobs: bool) -> dict:
     return result
 
 
-def serve_concurrently(servers: Mapping, serve, info_keys) -> tuple[dict, dict]:
-    """Waits until every one of ``servers`` (key -> started :class:`Server`) is ready, runs ``serve(server,
-    with_logprobs)`` on all of them at once (log-probs for the key ``"nospec"``), reads ``/server_info``'s
-    ``internal_states[0]`` of the servers of ``info_keys``, and stops every server, also on failure. Returns
-    ``(results, infos)``, both keyed as ``servers``."""
+def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = False) -> tuple[dict, dict]:
+    """Runs ``serve(server, with_logprobs)`` on every one of ``servers`` (key -> a started :class:`Server`, or a
+    callable that starts one: it is called here and the server replaces it in ``servers``), log-probs for the key
+    ``"nospec"``, once it is ready; reads ``/server_info``'s ``internal_states[0]`` of the servers of ``info_keys``;
+    stops every server, also on failure. All at once, or with ``one_at_a_time`` each started, served and stopped in
+    turn: servers of several ranks sharing GPUs stall one another (each card time-slices their NCCL kernels, which
+    spin until their peers on the other cards run: at ``--tp 4`` three servers at once decoded a tiny model at about
+    10 tokens per second, 4 x H200). Returns ``(results, infos)``, both keyed as ``servers``."""
+
+    def start(key) -> Server:
+        if not isinstance(servers[key], Server):
+            servers[key] = servers[key]()
+        return servers[key]
+
+    def ready(server: Server) -> Server:
+        waited = server.wait_ready()
+        if os.environ.get("E2E_REPORT_DIR"):  # start-up times survive an interrupted run
+            with open(os.path.join(os.environ["E2E_REPORT_DIR"], "ready.txt"), "a") as f:
+                f.write(f"{server.name} ready after {waited:.0f} s\n")
+        return server
+
+    def info(key) -> dict:
+        return servers[key].get_json("/server_info")["internal_states"][0]
+
+    results, infos = {}, {}
     try:
-        for server in servers.values():
-            waited = server.wait_ready()
-            if os.environ.get("E2E_REPORT_DIR"):  # start-up times survive an interrupted run
-                with open(os.path.join(os.environ["E2E_REPORT_DIR"], "ready.txt"), "a") as f:
-                    f.write(f"{server.name} ready after {waited:.0f} s\n")
-        with ThreadPoolExecutor(len(servers)) as pool:
-            results = dict(zip(servers, pool.map(lambda key: serve(servers[key], key == "nospec"), servers),
-                               strict=True))
-        infos = {key: servers[key].get_json("/server_info")["internal_states"][0] for key in info_keys}
+        if one_at_a_time:
+            for key in servers:
+                results[key] = serve(ready(start(key)), key == "nospec")
+                if key in info_keys:
+                    infos[key] = info(key)
+                servers[key].stop()
+        else:
+            for key in servers:
+                start(key)
+            for key in servers:
+                ready(servers[key])
+            with ThreadPoolExecutor(len(servers)) as pool:
+                results = dict(zip(servers, pool.map(lambda key: serve(servers[key], key == "nospec"), servers),
+                                   strict=True))
+            infos = {key: info(key) for key in info_keys}
     finally:
         for server in servers.values():
-            server.stop()
+            if isinstance(server, Server):
+                server.stop()
     return results, infos
 
 

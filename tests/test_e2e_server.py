@@ -16,6 +16,7 @@ Set ``E2E_REPORT_DIR`` to also write a JSON summary there.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -40,19 +41,20 @@ from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 CONFIGS = [(5, 1, 6), (5, 4, 16)]
-# --tp 4: one tree (five servers of four ranks each did not start within 6 min on 4 x H200)
+# --tp 4: one tree (three servers of four ranks, each started and served alone)
 TREES = {"tp1": CONFIGS, "tp2": CONFIGS, "tp4": [(5, 4, 16)]}
 # Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
 # of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
 # Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run. Tensor
-# parallelism changes the target's rounding (bf16 all-reduces), and with it what is accepted: stock at --tp 2
-# (4 x H200, 2026-11-26) 1.913 / 2.182, 3 % under one GPU's. --tp 4 not yet measured: one GPU's, margin doubled.
+# parallelism changes the target's rounding (bf16 all-reduces), and with it what is accepted (4 x H200,
+# 2026-11-26): stock at --tp 2 1.913 / 2.182, 3 % under one GPU's; at --tp 4 2.391 at (5,4,16), 7 % over it
+# (ours 2.381).
 TRAINED_ACCEPT_LENGTH = {
     "tp1": {(5, 1, 6): 1.975, (5, 4, 16): 2.244},
     "tp2": {(5, 1, 6): 1.913, (5, 4, 16): 2.182},
-    "tp4": {(5, 1, 6): 1.975, (5, 4, 16): 2.244},
+    "tp4": {(5, 4, 16): 2.391},
 }
-ACCEPT_MARGIN = {"tp1": 0.03, "tp2": 0.03, "tp4": 0.06}
+ACCEPT_MARGIN = {"tp1": 0.03, "tp2": 0.03, "tp4": 0.03}
 # Measured in the draft check (H100, 2026-11-26): share of request drafts whose tree equals SGLang's own.
 SAME_TREE_RATE = {"tiny-code-eagle3": 0.784, "random-eagle1": 0.670}
 SAME_TREE_MARGIN = 0.04
@@ -65,26 +67,28 @@ def _pair(name: str, tmp_path):
     return str(target), str(draft), "EAGLE"
 
 
-def _parallel(parallel: str) -> tuple[list[str], dict | None]:
+def _parallel(parallel: str, pair: str = "tiny-code-eagle3") -> tuple[list[str], dict | None]:
     """The servers' flags and environment for ``tp1`` (one GPU), ``tp2`` or ``tp4`` (tensor parallelism)."""
-    return tensor_parallel(int(parallel.removeprefix("tp")))
+    return tensor_parallel(int(parallel.removeprefix("tp")), eagle1=pair == "random-eagle1")
 
 
 @pytest.mark.parametrize("pair", ["tiny-code-eagle3", "random-eagle1"])
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])
 def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     target, draft, stock_algo = _pair(pair, tmp_path)
-    flags, env = _parallel(parallel)
+    flags, env = _parallel(parallel, pair)
     trees = TREES[parallel]
-    servers = {"nospec": e2e_server(f"{pair}-nospec", target, flags, tmp_path, env=env)}
+    # started when served: under TP one at a time (tests/e2e.serve_concurrently)
+    servers = {"nospec": functools.partial(e2e_server, f"{pair}-nospec", target, flags, tmp_path, env=env)}
     for steps, topk, n in trees:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
-            servers[(algo, n)] = e2e_server(name, target, ["--speculative-algorithm", algo, *spec, *flags], tmp_path,
-                                            env=env)
-    results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in trees])
+            servers[(algo, n)] = functools.partial(e2e_server, name, target,
+                                                   ["--speculative-algorithm", algo, *spec, *flags], tmp_path, env=env)
+    results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in trees],
+                                        one_at_a_time=parallel != "tp1")
     ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in trees}
 
     report = {"pair": pair, "parallel": parallel, "configs": {}}

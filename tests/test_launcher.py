@@ -190,3 +190,21 @@ def test_sigterm_runs_finally_blocks(tmp_path):
         time.sleep(0.1)
         assert marker.exists() == stops, mode
         marker.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("one_at_a_time", [True, False], ids=["one_at_a_time", "all_at_once"])
+def test_e2e_servers_are_served_one_at_a_time_or_all_at_once(tmp_path, one_at_a_time):
+    """tests/e2e.serve_concurrently: servers given as callables start when served; one at a time, no other server
+    runs while one is served (servers of several ranks must not share GPUs); all are stopped at the end."""
+    from tests.e2e import serve_concurrently
+
+    servers = {key: (lambda key=key: stub_server(tmp_path, name=key)) for key in ("nospec", "a", "b")}
+
+    def serve(server, with_logprobs):
+        running = sorted(k for k, s in servers.items() if isinstance(s, Server) and s.proc.poll() is None)
+        return server.name, with_logprobs, running
+
+    results, infos = serve_concurrently(servers, serve, (), one_at_a_time=one_at_a_time)
+    everyone = ["a", "b", "nospec"]
+    assert results == {k: (k, k == "nospec", [k] if one_at_a_time else everyone) for k in servers} and infos == {}
+    assert all(isinstance(s, Server) and s.proc.poll() is not None for s in servers.values())
