@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.trace_breakdown import load_trace, stage_times
-from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV
+from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES
 from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -316,7 +316,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", choices=list(MODELS), default="llama-3.1-8b",
                         help="target shapes (dummy weights) and its EAGLE-3 draft's (rows: 'model')")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
-                        "EAGLE_TRITON's is a trial under config.EXPERIMENTAL_TP_ENV until its GPU tests pass)")
+                        "EAGLE_TRITON beyond config.TESTED_TP_SIZES runs as a trial under config.EXPERIMENTAL_TP_ENV)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
     if args.tp > 1:  # rows are compared within one flag set: the TP size is part of it
@@ -348,7 +348,7 @@ def main(argv=None):
             name = f"{system}-{'-'.join(map(str, config))}"
             server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config),
                                                 *shlex.split(args.server_flags)], args.workdir,
-                            env={EXPERIMENTAL_TP_ENV: "1"} if args.tp > 1 else None)
+                            env={EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else None)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:

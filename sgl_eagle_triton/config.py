@@ -26,13 +26,13 @@ DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
 DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 # Tests: under --speculative-adaptive, switch to the next candidate step count before every decode step (worker.py)
 ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
-# --tp > 1 is built (drafter.TensorParallel) but not yet run on GPUs: refused unless this is 1 (GPU tests, trials)
+# Tensor parallelism (drafter.TensorParallel) beyond what has run end to end on GPUs (TESTED_TP_SIZES with EAGLE-3
+# drafts): refused unless this is 1 (GPU tests, trials)
 EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
+TESTED_TP_SIZES = (1, 2, 4)
 # Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
 # seconds (faulthandler), so that a hung server's log shows where each rank waits
 STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
-# --speculative-adaptive with topk > 1 (tree candidates) is built but not yet run on GPUs: refused unless this is 1
-EXPERIMENTAL_ADAPTIVE_TREES_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_ADAPTIVE_TREES"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -71,6 +71,22 @@ def _model_dtype(hf_config, dtype: str) -> str:
     from sglang.srt.configs.model_config import _get_and_verify_dtype
 
     return str(_get_and_verify_dtype(hf_config, dtype)).removeprefix("torch.")
+
+
+def _check_tensor_parallel_trial(sa, kind: str) -> None:
+    """A TP size outside TESTED_TP_SIZES, or an EAGLE-1 draft under TP (its first GPU run failed; mended, not yet
+    rerun end to end), starts only with EXPERIMENTAL_TP_ENV=1."""
+    untried = [f"--tp {sa.tp_size}"] if sa.tp_size not in TESTED_TP_SIZES else []
+    if sa.tp_size > 1 and kind == EAGLE:
+        untried.append(f"EAGLE-1 drafts with --tp {sa.tp_size}")
+    if not untried:
+        return
+    if os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+        _refuse(f"{' or '.join(untried)} yet: built, not yet run end to end on GPUs",
+                f"Use an EAGLE-3 draft at --tp {', '.join(map(str, TESTED_TP_SIZES))}, or set {EXPERIMENTAL_TP_ENV}=1 "
+                "to try it.")
+    logger.warning("%s: %s under %s=1: not yet run end to end on GPUs", ALGORITHM_NAME, " or ".join(untried),
+                   EXPERIMENTAL_TP_ENV)
 
 
 def _check_fused_drafter(sa) -> None:
@@ -200,12 +216,8 @@ def _check_adaptive(sa) -> None:
 
 
 def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
-    """Tree candidates (adaptive with topk > 1): an explicit trial until GPU-tested; every candidate step count's
-    draft tokens given and buildable; page size 1."""
-    if os.environ.get(EXPERIMENTAL_ADAPTIVE_TREES_ENV) != "1":
-        _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} (tree candidates) yet: built, not yet "
-                "run on GPUs", f"Use --speculative-eagle-topk 1, or set {EXPERIMENTAL_ADAPTIVE_TREES_ENV}=1 to try "
-                "it.")
+    """Tree candidates (adaptive with topk > 1): every candidate step count's draft tokens given and buildable;
+    page size 1."""
     if (sa.page_size or 1) > 1:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} and --page-size {sa.page_size} yet",
                 "Use --page-size 1.")
@@ -305,17 +317,12 @@ def _validate(sa) -> None:
         _refuse(f"context parallelism (--dcp-size {getattr(sa, 'dcp_size', 1)}, --attn-cp-size "
                 f"{getattr(sa, 'attn_cp_size', 1)})", "Use --dcp-size 1 --attn-cp-size 1.")
     if sa.tp_size != 1:
-        if os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
-            _refuse(f"tensor parallelism (tp={sa.tp_size}) yet: built, not yet run on GPUs",
-                    f"Use --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
         if getattr(sa, "enable_symm_mem", False):
             # its in-place all-reduce expects inputs in symmetric memory; the drafter's are plain allocations
             _refuse(f"--enable-symm-mem with --tp {sa.tp_size} yet", "Drop --enable-symm-mem or use --tp 1.")
         if getattr(sa, "speculative_token_map", None):
             # SGLang indexes the rank's LM-head shard with the map's whole-vocabulary ids (init_lm_head)
             _refuse(f"--speculative-token-map with --tp {sa.tp_size}", "Drop the token map or use --tp 1.")
-        logger.warning("%s: --tp %d under %s=1: tensor parallelism has not been run on GPUs yet", ALGORITHM_NAME,
-                       sa.tp_size, EXPERIMENTAL_TP_ENV)
     if sa.disaggregation_mode not in (None, "null"):
         _refuse("prefill/decode disaggregation", "Drop --disaggregation-mode.")
     if sa.enable_lora:
@@ -435,6 +442,7 @@ def handle_server_args(sa) -> None:
         _refuse("--speculative-adaptive here: SGLang switched it off (its warning says why; is sgl-eagle-triton's "
                 f"hook on {ADAPTIVE_REASON_TARGET} loaded?)", "Drop --speculative-adaptive.")
     os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
+    _check_tensor_parallel_trial(sa, os.environ[DRAFT_KIND_ENV])
     _check_fused_drafter(sa)
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)

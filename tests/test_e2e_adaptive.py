@@ -93,15 +93,14 @@ def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
     between trees of different depth and width, through steps 0, before every decode step) and the cost policy.
     Pass: tie-aware equal to no speculation; every candidate ran (cycle knob) with its own draft tokens; the cost
     policy's per-rank rates rank the draft's best child first; no kernel error."""
-    flags, env = adaptive_tree_flags(tmp_path)
-    cost_flags, _ = adaptive_tree_flags(tmp_path, policy="cost")
+    flags, cost_flags = adaptive_tree_flags(tmp_path), adaptive_tree_flags(tmp_path, policy="cost")
     spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
     servers = {
         "nospec": e2e_server("trees-nospec", TARGET, [], tmp_path),
-        "ours": e2e_server("adaptive-trees-EAGLE_TRITON", TARGET, [*spec, *flags], tmp_path, env=env),
+        "ours": e2e_server("adaptive-trees-EAGLE_TRITON", TARGET, [*spec, *flags], tmp_path),
         "ours_cycle": e2e_server("adaptive-trees-EAGLE_TRITON-cycle", TARGET, [*spec, *flags], tmp_path,
-                                 env={**env, config.ADAPTIVE_CYCLE_ENV: "1"}),
-        "ours_cost": e2e_server("adaptive-trees-EAGLE_TRITON-cost", TARGET, [*spec, *cost_flags], tmp_path, env=env),
+                                 env={config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": e2e_server("adaptive-trees-EAGLE_TRITON-cost", TARGET, [*spec, *cost_flags], tmp_path),
     }
     ours = ("ours", "ours_cycle", "ours_cost")
     results, infos = serve_concurrently(servers, serve_generate, ours)

@@ -162,8 +162,7 @@ def test_load_and_faults(tmp_path, mode):
     if mode == "adaptive_cycle":
         shape, env, reserved = ["--speculative-adaptive"], {config.ADAPTIVE_CYCLE_ENV: "1"}, ADAPTIVE_RESERVED
     elif mode == "adaptive_trees_cycle":
-        shape, env = adaptive_tree_flags(tmp_path)
-        env, reserved = {**env, config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
+        shape, env, reserved = adaptive_tree_flags(tmp_path), {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,

@@ -197,11 +197,11 @@ def _unsupported_draft(tmp_path):
         (["--enable-unified-memory"], "--enable-unified-memory"),
         (["--speculative-adaptive", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
           "--speculative-num-draft-tokens", "8"],
-         "--speculative-adaptive with --speculative-eagle-topk 4 (tree candidates) yet: built, not yet run on GPUs"),
+         "without the draft tokens of candidate steps"),
         (["--speculative-adaptive", "--enable-two-batch-overlap"],
          "--speculative-adaptive with enable_two_batch_overlap=True is not supported"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
-        (["--tp", "2"], "tensor parallelism (tp=2) yet: built, not yet run on GPUs"),
+        (["--tp", "8"], "--tp 8 yet: built, not yet run end to end on GPUs"),
         (["--pp-size", "2"], "pipeline parallelism (pp=2)"),
         (["--tp", "2", "--dcp-size", "2"], "context parallelism (--dcp-size 2"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
@@ -217,9 +217,16 @@ def test_refused_at_start(extra, message):
         _args(*extra)
 
 
-def test_tensor_parallelism_is_an_explicit_trial(monkeypatch):
-    """--tp > 1 starts only with config.EXPERIMENTAL_TP_ENV=1 (built, not yet GPU-run); --pp > 1 never."""
+def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypatch, eagle1_pair):
+    """EAGLE-3 drafts at --tp 2 and 4 start (GPU-tested); other TP sizes and EAGLE-1 drafts under TP only with
+    config.EXPERIMENTAL_TP_ENV=1; --pp > 1 never."""
+    monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV, raising=False)
+    assert _args("--tp", "2").tp_size == 2 and _args("--tp", "4").tp_size == 4
+    target, draft = eagle1_pair
+    with pytest.raises(EagleTritonConfigError, match=re.escape("EAGLE-1 drafts with --tp 2 yet")):
+        _args("--tp", "2", target=str(target), draft=str(draft))
     monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
+    assert _args("--tp", "2", target=str(target), draft=str(draft)).tp_size == 2
     assert _args("--tp", "2").tp_size == 2
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-token-map with --tp 2")):
         _args("--tp", "2", "--speculative-token-map", "map.pt")
@@ -252,9 +259,8 @@ def test_adaptive_runs_as_stock_eagle3s(tmp_path):
 
 
 def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_path, monkeypatch):
-    """topk > 1 under --speculative-adaptive (an explicit trial): every candidate is (steps, topk, draft tokens from
+    """topk > 1 under --speculative-adaptive: every candidate is (steps, topk, draft tokens from
     the config file); the KV reservation and buffers hold the widest (max of steps * topk and draft tokens)."""
-    monkeypatch.setenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV, "1")
     cfg = tmp_path / "adaptive.json"
     trees = {"1": {"candidate_steps": [0, 1, 3, 5]}, "16": {"candidate_steps": [0, 1]}}
     cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32}}))
@@ -285,8 +291,6 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-eagle-topk 32")):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk", "32",
               "--speculative-num-steps", "3")
-    monkeypatch.delenv(config.EXPERIMENTAL_ADAPTIVE_TREES_ENV)
-    refused("(tree candidates) yet: built, not yet run on GPUs")
 
 
 def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
@@ -317,7 +321,7 @@ def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path, monkeypatch):
     assert config.adaptive_policy(_args("--speculative-adaptive")) == "sglang"
     with pytest.raises(EagleTritonConfigError, match="'cost' with --disable-cuda-graph"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--disable-cuda-graph")
-    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")  # each TP rank would time its own cycles
+    # each TP rank would time its own cycles
     with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 2"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp", "2")
     cfg.write_text(json.dumps({"eagle_triton_policy": "greedy", "1": {"candidate_steps": [0, 1]}}))
