@@ -7,6 +7,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
+    python -m bench.adaptive --merge lane0.json lane1.json --out bench/results/adaptive.json   # lanes' rows
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -23,8 +24,10 @@ Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
-crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape and batch) with
-``.md`` and ``.png`` beside it.
+crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape, batch and card) with
+``.md`` and ``.png`` beside it. On a host of several GPUs a sweep may run in lanes (``.ci/gpu-lanes``), each on its
+own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``card`` (``CUDA_VISIBLE_DEVICES``) and
+the report compares each system with the no-spec of its own card.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,10 +63,10 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
 }
 DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
-# eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0 (an explicit trial: the
-# experimental knob is set for that server)
-TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 3: 8, 5: 32, 7: 64}
-TREES_ENV = {"SGL_EAGLE_TRITON_EXPERIMENTAL_ADAPTIVE_TREES": "1"}
+# eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0. One topk per server (chains
+# and trees do not mix yet, docs/adaptive.md): at large batches narrow trees (2, 8, 3), (3, 8, 4) verify as few
+# tokens as the chains (2,1,3), (3,1,4) (their nodes the best of 8-wide levels), drafting 8 rows per request a level
+TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 2: 3, 3: 4, 4: 16, 5: 32, 7: 64}
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -142,7 +146,7 @@ def measure(url: str, batch: int, real: bool = False) -> dict:
 
 
 def row_key(r: dict) -> tuple:
-    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"]
+    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], r.get("card")
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -151,37 +155,45 @@ def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
     return sorted(rows.values(), key=lambda r: tuple(str(k) for k in row_key(r)))
 
 
-def label(r: dict) -> str:
-    if r["system"] == "nospec" or r["steps"] is None:
-        return r["system"]
-    return f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})"
+def label(r: dict, cards: bool = False) -> str:
+    """The system and its shape; with ``cards``, also the card it ran on."""
+    name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
+        f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
+    return f"{name} [card {r.get('card')}]" if cards else name
 
 
 def report(rows: list[dict]) -> str:
-    """Markdown: tok/s per system and batch, over no-spec and over the best other system at that batch."""
+    """Markdown: tok/s per system and batch, over no-spec (on the same card, where the sweep ran in lanes on several
+    cards of one host) and over the best other system at that batch."""
     if not rows:
         return ""
     by_batch: dict = {}
     for r in rows:
         by_batch.setdefault((r["batch"], r["acceptance"]), []).append(r)
-    lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", "",
-             "| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
-             "|---|---|---|---|---|---|---|"]
+    cards = sorted({str(r.get("card")) for r in rows})
+    lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", ""]
+    if len(cards) > 1:
+        lines += [f"Systems ran in lanes on cards {', '.join(cards)} of one host at once, no-spec on each: "
+                  "`/ nospec` is against the same card's no-spec, `/ best other` across cards.", ""]
+    lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
+              "|---|---|---|---|---|---|---|"]
     for (batch, acceptance), group in sorted(by_batch.items()):
-        nospec = next((r["tok_per_s"] for r in group if r["system"] == "nospec"), None)
+        nospec = {str(r.get("card")): r["tok_per_s"] for r in group if r["system"] == "nospec"}
         for r in sorted(group, key=lambda r: -r["tok_per_s"]):
             others = [o["tok_per_s"] for o in group if o is not r]
-            vs_nospec = f"{r['tok_per_s'] / nospec:.2f}" if nospec and r["system"] != "nospec" else "-"
+            base = nospec.get(str(r.get("card")), next(iter(nospec.values()), None))
+            vs_nospec = f"{r['tok_per_s'] / base:.2f}" if base and r["system"] != "nospec" else "-"
             vs_best = f"{r['tok_per_s'] / max(others):.2f}" if others else "-"
-            lines.append(f"| {acceptance} | {batch} | {label(r)} | {r['tok_per_s']:.0f} | {r['accept_len']:.2f} | "
-                         f"{vs_nospec} | {vs_best} |")
+            lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
+                         f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
     series: dict = {}
+    cards = len({str(r.get("card")) for r in rows}) > 1
     for r in rows:
-        series.setdefault(label(r), []).append((r["batch"], r["tok_per_s"]))
+        series.setdefault(label(r, cards), []).append((r["batch"], r["tok_per_s"]))
     line_plot(series, path, "output tok/s (whole batch)", f"{rows[0]['gpu']}, {rows[0]['acceptance']}", log_y=True,
               dashed=lambda name: "adaptive" not in name)
 
@@ -208,6 +220,8 @@ def parse_args(argv=None):
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
+    parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
+                        "cards, each with its own no-spec) into --out, with its table and plot")
     return parser.parse_args(argv)
 
 
@@ -218,6 +232,9 @@ def main(argv=None):
         rows = json.loads(args.report.read_text())
         args.report.with_suffix(".md").write_text(report(rows))
         plot(rows, args.report.with_suffix(".png"))
+        return
+    if args.merge:
+        save(args.out, [r for path in args.merge for r in json.loads(path.read_text())])
         return
     import sglang
     import torch
@@ -237,7 +254,7 @@ def main(argv=None):
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
-                            args.workdir, env={**env, **(TREES_ENV if policy == "cost-trees" else {})})
+                            args.workdir, env=env)
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
@@ -246,6 +263,7 @@ def main(argv=None):
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
                                      batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
+                                     card=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it

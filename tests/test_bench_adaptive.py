@@ -22,7 +22,7 @@ def test_spec_args_per_system(tmp_path):
     assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
     trees = adaptive.spec_args("eagle_triton_cost_trees", draft, None, tmp_path)
     config = json.loads(Path(trees[trees.index("--speculative-adaptive-config") + 1]).read_text())
-    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 5, 7]
+    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 2, 3, 4, 5, 7]
     assert trees[trees.index("--speculative-eagle-topk") + 1] == "8"
     for steps, n in config["eagle_triton_draft_tokens"].items():  # every tree buildable (else refused at start)
         sgl_config._check_tree(int(steps), adaptive.TREE_TOPK, n)
@@ -65,3 +65,24 @@ def test_rows_merge_and_report_ratios(tmp_path):
     assert "| simulated:x | 8 | eagle_triton_adaptive | 1800 | 2.00 | 1.80 | 1.50 |" in table
     assert "| simulated:x | 8 | eagle3 (3,1,4) | 1200 | 2.00 | 1.20 | 0.67 |" in table
     assert "| simulated:x | 8 | nospec | 1000 | 2.00 | - | 0.56 |" in table
+
+
+def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, monkeypatch):
+    """Rows of lanes on cards 0 and 1 (each with its no-spec) merge without overwriting each other; `/ nospec` is
+    against the same card's no-spec."""
+    lane0 = [{**_row("nospec", 8, 1000.0), "card": "0"}, {**_row("eagle3", 8, 1500.0, (3, 1, 4)), "card": "0"}]
+    lane1 = [{**_row("nospec", 8, 1100.0), "card": "1"}, {**_row("eagle_triton", 8, 1650.0, (3, 1, 4)), "card": "1"}]
+    paths = []
+    for i, rows in enumerate((lane0, lane1)):
+        paths.append(tmp_path / f"lane{i}.json")
+        paths[-1].write_text(json.dumps(rows))
+    out = tmp_path / "merged.json"
+    plotted = []
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: plotted.append(len(rows)))  # matplotlib: GPU hosts
+    adaptive.main(["--merge", *map(str, paths), "--out", str(out)])
+    assert len(json.loads(out.read_text())) == 4
+    table = out.with_suffix(".md").read_text()
+    assert "lanes on cards 0, 1" in table
+    assert "| simulated:x | 8 | eagle_triton (3,1,4) [card 1] | 1650 | 2.00 | 1.50 | 1.10 |" in table
+    assert "| simulated:x | 8 | eagle3 (3,1,4) [card 0] | 1500 | 2.00 | 1.50 | 0.91 |" in table
+    assert plotted == [4]
