@@ -3,7 +3,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees] \\
+                   eagle_triton_cost_trees eagle_triton_cost_mixed] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -61,12 +61,17 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
+    "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server (a trial)
 }
 DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
 # eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0. One topk per server (chains
 # and trees do not mix yet, docs/adaptive.md): at large batches narrow trees (2, 8, 3), (3, 8, 4) verify as few
 # tokens as the chains (2,1,3), (3,1,4) (their nodes the best of 8-wide levels), drafting 8 rows per request a level
 TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 2: 3, 3: 4, 4: 16, 5: 32, 7: 64}
+# eagle_triton_cost_mixed: chains (1,1,2), (2,1,3), (3,1,4) for large batches among the trees; candidates narrower
+# than the server's topk are an explicit trial (config.EXPERIMENTAL_MIXED_TOPK_ENV, set for that server)
+MIXED_DRAFT_TOKENS = {1: [1, 2], 2: [1, 3], 3: [1, 4], 4: 16, 5: 32, 7: 64}
+MIXED_ENV = {"SGL_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK": "1"}
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -85,10 +90,11 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
             config = config_dir / "adaptive-cost.json"
             config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": DEFAULT_CANDIDATES}}))
             args += ["--speculative-adaptive-config", str(config)]
-        if policy == "cost-trees":
-            config = config_dir / "adaptive-cost-trees.json"
-            trees = {"eagle_triton_policy": "cost", "1": {"candidate_steps": [0, *TREE_DRAFT_TOKENS]},
-                     "eagle_triton_draft_tokens": {str(s): n for s, n in TREE_DRAFT_TOKENS.items()}}
+        if policy in ("cost-trees", "cost-mixed"):
+            config = config_dir / f"adaptive-{policy}.json"
+            given = TREE_DRAFT_TOKENS if policy == "cost-trees" else MIXED_DRAFT_TOKENS
+            trees = {"eagle_triton_policy": "cost", "1": {"candidate_steps": [0, *given]},
+                     "eagle_triton_draft_tokens": {str(s): n for s, n in given.items()}}
             config.write_text(json.dumps(trees))
             args += ["--speculative-adaptive-config", str(config), "--speculative-eagle-topk", str(TREE_TOPK),
                      "--speculative-num-steps", "3"]
@@ -145,8 +151,13 @@ def measure(url: str, batch: int, real: bool = False) -> dict:
             "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for r in results)}
 
 
+def card(r: dict) -> str:
+    """The card a row ran on (rows written before rows recorded it: "0", one card)."""
+    return str(r.get("card", "0"))
+
+
 def row_key(r: dict) -> tuple:
-    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], r.get("card")
+    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r)
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -159,7 +170,7 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    return f"{name} [card {r.get('card')}]" if cards else name
+    return f"{name} [card {card(r)}]" if cards else name
 
 
 def report(rows: list[dict]) -> str:
@@ -170,7 +181,7 @@ def report(rows: list[dict]) -> str:
     by_batch: dict = {}
     for r in rows:
         by_batch.setdefault((r["batch"], r["acceptance"]), []).append(r)
-    cards = sorted({str(r.get("card")) for r in rows})
+    cards = sorted({card(r) for r in rows})
     lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", ""]
     if len(cards) > 1:
         lines += [f"Systems ran in lanes on cards {', '.join(cards)} of one host at once, no-spec on each: "
@@ -178,10 +189,10 @@ def report(rows: list[dict]) -> str:
     lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
               "|---|---|---|---|---|---|---|"]
     for (batch, acceptance), group in sorted(by_batch.items()):
-        nospec = {str(r.get("card")): r["tok_per_s"] for r in group if r["system"] == "nospec"}
+        nospec = {card(r): r["tok_per_s"] for r in group if r["system"] == "nospec"}
         for r in sorted(group, key=lambda r: -r["tok_per_s"]):
             others = [o["tok_per_s"] for o in group if o is not r]
-            base = nospec.get(str(r.get("card")), next(iter(nospec.values()), None))
+            base = nospec.get(card(r))  # none on this card: no ratio
             vs_nospec = f"{r['tok_per_s'] / base:.2f}" if base and r["system"] != "nospec" else "-"
             vs_best = f"{r['tok_per_s'] / max(others):.2f}" if others else "-"
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
@@ -191,7 +202,7 @@ def report(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path) -> None:
     series: dict = {}
-    cards = len({str(r.get("card")) for r in rows}) > 1
+    cards = len({card(r) for r in rows}) > 1
     for r in rows:
         series.setdefault(label(r, cards), []).append((r["batch"], r["tok_per_s"]))
     line_plot(series, path, "output tok/s (whole batch)", f"{rows[0]['gpu']}, {rows[0]['acceptance']}", log_y=True,
@@ -254,7 +265,7 @@ def main(argv=None):
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
-                            args.workdir, env=env)
+                            args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {})})
             try:
                 server.wait_ready(900)
                 for batch in args.batches:

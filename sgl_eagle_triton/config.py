@@ -30,6 +30,9 @@ ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
 # drafts): refused unless this is 1 (GPU tests, trials)
 EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
 TESTED_TP_SIZES = (1, 2, 4)
+# Adaptive tree candidates narrower than the server's topk (e.g. chains among trees; drafter.in_tree_layout): built
+# and CPU-tested, not yet run on GPUs: refused unless this is 1
+EXPERIMENTAL_MIXED_TOPK_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
 # Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
 # seconds (faulthandler), so that a hung server's log shows where each rank waits
 STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
@@ -78,13 +81,13 @@ def _check_tensor_parallel_trial(sa, kind: str) -> None:
     rerun end to end), starts only with EXPERIMENTAL_TP_ENV=1."""
     untried = [f"--tp {sa.tp_size}"] if sa.tp_size not in TESTED_TP_SIZES else []
     if sa.tp_size > 1 and kind == EAGLE:
-        untried.append(f"EAGLE-1 drafts with --tp {sa.tp_size}")
+        untried.append(f"EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp {sa.tp_size}")
     if not untried:
         return
     if os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+        tested = " or ".join(str(tp) for tp in TESTED_TP_SIZES if tp > 1)
         _refuse(f"{' or '.join(untried)} yet: built, not yet run end to end on GPUs",
-                f"Use an EAGLE-3 draft at --tp {', '.join(map(str, TESTED_TP_SIZES))}, or set {EXPERIMENTAL_TP_ENV}=1 "
-                "to try it.")
+                f"Use --tp 1, an EAGLE-3 draft at --tp {tested}, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
     logger.warning("%s: %s under %s=1: not yet run end to end on GPUs", ALGORITHM_NAME, " or ".join(untried),
                    EXPERIMENTAL_TP_ENV)
 
@@ -188,8 +191,9 @@ def _check_adaptive(sa) -> None:
     """``--speculative-adaptive`` as stock EAGLE3 serves it: candidate chains (topk 1) and steps 0 (no draft), one
     runtime state per candidate step count, switched by SGLang's controller; refused wherever SGLang would refuse
     it for EAGLE3 (its own rules, :func:`stock_adaptive_reason`) rather than letting SGLang switch it off. Beyond
-    stock, with ``--speculative-eagle-topk`` K > 1: tree candidates, (steps, K, draft tokens) each, the draft tokens
-    per step count from the config file (:func:`adaptive_draft_tokens`)."""
+    stock, with ``--speculative-eagle-topk`` K > 1: tree candidates, (steps, k <= K, draft tokens) each, the draft
+    tokens (and a narrower k) per step count from the config file (:func:`adaptive_draft_tokens`,
+    :func:`adaptive_topk`)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
     topk = sa.speculative_eagle_topk or 1
@@ -230,14 +234,40 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} without the draft tokens of candidate "
                 f"steps {missing}", f'Add "{ADAPTIVE_DRAFT_TOKENS_KEY}": {{"<steps>": <draft tokens>, ...}} for '
                 "every candidate step count > 0 to --speculative-adaptive-config.")
+    narrower = []
     for steps in candidates:
         if steps > 0:
-            _check_tree(steps, topk, int(given[str(steps)]), f" ({ADAPTIVE_DRAFT_TOKENS_KEY} of candidate {steps})")
+            source = f" ({ADAPTIVE_DRAFT_TOKENS_KEY} of candidate {steps})"
+            k, n = _tree_entry(given[str(steps)], topk, source)
+            _check_tree(steps, k, n, source)
+            if k < topk:
+                narrower.append(steps)
+    if narrower and os.environ.get(EXPERIMENTAL_MIXED_TOPK_ENV) != "1":
+        _refuse(f"adaptive candidates {narrower} narrower than --speculative-eagle-topk {topk} yet: built, not yet run "
+                "on GPUs", f"Give them topk {topk}, or set {EXPERIMENTAL_MIXED_TOPK_ENV}=1 to try it.")
+    if narrower and os.environ.get(DRAFT_CHECK_ENV):
+        _refuse(f"{DRAFT_CHECK_ENV} with adaptive candidates narrower than the server's topk (SGLang's own draft is "
+                "the server's topk)", f"Unset {DRAFT_CHECK_ENV}.")
+
+
+def _tree_entry(entry, topk: int, source: str) -> tuple[int, int]:
+    """An ``"eagle_triton_draft_tokens"`` value: ``n`` (the server's topk) or ``[k, n]`` with 1 <= k <= topk."""
+    if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, int) for x in entry):
+        k, n = entry
+    elif isinstance(entry, int):
+        k, n = topk, entry
+    else:
+        k, n = 0, 0
+    if not 1 <= k <= topk:
+        _refuse(f"the tree entry {entry!r}{source}", f"Give draft tokens n, or [topk, n] with 1 <= topk <= {topk} "
+                "(--speculative-eagle-topk: the server's, the widest).")
+    return k, n
 
 
 ADAPTIVE_POLICIES = ("sglang", "cost")
 ADAPTIVE_POLICY_KEY = "eagle_triton_policy"  # top-level key of --speculative-adaptive-config (SGLang ignores it)
-# top-level key of --speculative-adaptive-config with topk > 1: {"<candidate steps>": draft tokens} (SGLang ignores it)
+# top-level key of --speculative-adaptive-config with topk > 1: {"<candidate steps>": draft tokens, or [topk, draft
+# tokens] for a candidate narrower than the server's topk} (SGLang ignores it)
 ADAPTIVE_DRAFT_TOKENS_KEY = "eagle_triton_draft_tokens"
 
 
@@ -253,6 +283,7 @@ def _adaptive_config(sa) -> dict:
 # the server args' attribute holding the tree candidates' draft tokens as read at start ({steps: n}; pickled to every
 # process with the server args, so that no process reads the config file again)
 RESOLVED_DRAFT_TOKENS_ATTR = "eagle_triton_adaptive_draft_tokens"
+RESOLVED_TOPK_ATTR = "eagle_triton_adaptive_topk"  # the same for their topk ({steps: k}, k <= the server's)
 
 
 def adaptive_draft_tokens(sa, steps: int) -> int:
@@ -262,6 +293,15 @@ def adaptive_draft_tokens(sa, steps: int) -> int:
     if steps == 0 or (sa.speculative_eagle_topk or 1) == 1:
         return steps + 1
     return vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR][steps]
+
+
+def adaptive_topk(sa, steps: int) -> int:
+    """The topk of the adaptive candidate of ``steps``: the server's, or the narrower one its config file entry gives
+    (``[k, n]``) as :func:`handle_server_args` read it at start."""
+    topk = sa.speculative_eagle_topk or 1
+    if steps == 0 or topk == 1:
+        return topk
+    return vars(sa).get(RESOLVED_TOPK_ATTR, {}).get(steps, topk)
 
 
 def adaptive_policy(sa) -> str:
@@ -424,10 +464,12 @@ def _resolve_adaptive_trees(sa) -> None:
     steps * topk and that; a cached property, so the value stored in the instance is what every process reads)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
-    given = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY]
-    resolved = {s: int(given[str(s)]) if s else 1
-                for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
+    given, topk = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY], sa.speculative_eagle_topk
+    entries = {s: _tree_entry(given[str(s)], topk, "") if s else (topk, 1)
+               for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
+    resolved = {s: n for s, (_, n) in entries.items()}
     vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR] = resolved
+    vars(sa)[RESOLVED_TOPK_ATTR] = {s: k for s, (k, _) in entries.items()}
     sa.speculative_num_draft_tokens = resolved[sa.speculative_num_steps]
     vars(sa)["max_speculative_num_draft_tokens"] = max(max(s * sa.speculative_eagle_topk, n)
                                                        for s, n in resolved.items())
@@ -442,8 +484,8 @@ def handle_server_args(sa) -> None:
         _refuse("--speculative-adaptive here: SGLang switched it off (its warning says why; is sgl-eagle-triton's "
                 f"hook on {ADAPTIVE_REASON_TARGET} loaded?)", "Drop --speculative-adaptive.")
     os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
+    _check_fused_drafter(sa)  # first: what no setting makes work (e.g. heads that --tp does not divide)
     _check_tensor_parallel_trial(sa, os.environ[DRAFT_KIND_ENV])
-    _check_fused_drafter(sa)
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)
     elif (sa.speculative_eagle_topk or 1) > 1:  # tree candidates: SGLang set draft tokens = steps + 1 (chains)

@@ -183,6 +183,38 @@ def draft_weights(model, token_map: torch.Tensor | None) -> DraftWeights:
     return w
 
 
+def _node_in_layout(index: torch.Tensor, k: int, K: int) -> torch.Tensor:
+    """Candidate indices of a topk-``k`` draft's score list (level 0: ``0..k-1``; level ``i >= 1``: ``k + (i-1) k^2
+    + r k + c``, child ``c`` of frontier row ``r``) as the same nodes' indices in a topk-``K`` list."""
+    deeper = index - k
+    level, within = deeper.div(k * k, rounding_mode="floor"), deeper.remainder(k * k)
+    row, child = within.div(k, rounding_mode="floor"), within.remainder(k)
+    return torch.where(index < k, index, K + level * K * K + row * K + child)
+
+
+def in_tree_layout(parent_list, top_scores_index, draft_tokens, all_scores, k: int, K: int, steps: int):
+    """A topk-``k`` draft's ``(parent_list, top_scores_index, draft_tokens, all_scores)`` (shapes as
+    :meth:`FusedDrafter.draft`) as a topk-``K`` draft of the same nodes: parent_list [bs, K (S-1) + 1] (level 0's
+    ``-1, 0..K-1``; each later level's first k frontier entries the mapped ones, the rest repeating the first: no
+    selected node refers to them), top_scores_index mapped (still ascending), the same draft tokens, and all_scores
+    [bs, K + (S-1) K^2] with 0 for the candidates a topk-k draft does not have. Only index arithmetic and copies
+    (CUDA-graph safe). SGLang's build_tree at topk K then gives the tree build_tree at topk k gives."""
+    bs = top_scores_index.shape[0]
+    layout_parents = parent_list.new_empty(bs, K * (steps - 1) + 1 if steps > 1 else 0)
+    if steps > 1:
+        layout_parents[:, 0] = -1
+        layout_parents[:, 1:K + 1] = torch.arange(K, device=parent_list.device)
+        if steps > 2:
+            mapped = _node_in_layout(parent_list[:, k + 1:].reshape(bs, steps - 2, k), k, K)
+            blocks = layout_parents[:, K + 1:].view(bs, steps - 2, K)
+            blocks[:, :, :k] = mapped
+            blocks[:, :, k:] = mapped[:, :, :1]
+    scores = all_scores.new_zeros(bs, K + (steps - 1) * K * K)
+    every = _node_in_layout(torch.arange(all_scores.shape[1], device=all_scores.device), k, K)
+    scores[:, every] = all_scores
+    return layout_parents, _node_in_layout(top_scores_index, k, K), draft_tokens, scores
+
+
 class FusedDrafter:
     """Runs the whole draft of one decode cycle for a batch; see the module docstring.
 
@@ -193,10 +225,14 @@ class FusedDrafter:
 
     def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                 k_scale: float = 1.0, v_scale: float = 1.0, tp: TensorParallel | None = None):
+                 k_scale: float = 1.0, v_scale: float = 1.0, tp: TensorParallel | None = None,
+                 layout_topk: int | None = None):
         self.w = weights
         self.tp = tp
         self.topk = topk
+        self.layout_topk = layout_topk or topk  # the server's topk (see draft)
+        if self.layout_topk < topk:
+            raise ValueError(f"layout topk {self.layout_topk} below the drafter's topk {topk}")
         self.num_steps = num_steps
         self.num_draft_tokens = num_draft_tokens
         self.k_cache = k_cache
@@ -212,7 +248,24 @@ class FusedDrafter:
         the weights have a token map); hidden: [bs, H] in the weights' dtype (the carried hidden state);
         positions: [bs * k] int64 (advanced by ``S - 1`` in place, as SGLang's draft forward does); seq_lens:
         [bs] int64; req_pool_indices: [bs] int64.
+
+        With a layout topk K above k (an adaptive state narrower than the server's topk): the inputs are the
+        server's, [bs, K] (sorted: their first k columns are the top k) and positions [bs * K]; the draft runs
+        over k rows per request, and the tree comes back in K's layout (:func:`in_tree_layout`), the tree a
+        topk-K drafter would organise had its other candidates scored 0.
         """
+        K, k = self.layout_topk, self.topk
+        if K == k:
+            return self._draft(topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices)
+        bs = topk_p.shape[0]
+        own = positions.view(bs, K)[:, :k].clone().view(bs * k)  # a copy; a request's rows share one position
+        tree = self._draft(topk_p[:, :k].contiguous(), topk_index[:, :k].contiguous(), hidden, own, seq_lens,
+                           req_pool_indices)
+        if self.num_steps > 1:
+            positions.add_(self.num_steps - 1)
+        return in_tree_layout(*tree, k, K, self.num_steps)
+
+    def _draft(self, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
         w, k, S = self.w, self.topk, self.num_steps
         bs = topk_p.shape[0]
         if bs == 0:  # an idle batch

@@ -319,14 +319,18 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     @property
     def fused_drafter(self) -> FusedDrafter:
         """The drafter of the tree shape in force: (topk, speculative_num_steps, speculative_num_draft_tokens)
-        as SGLang has set them on this worker now (one drafter per shape, made at first use; a drafter holds
-        no buffers of its own)."""
-        shape = (self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
+        as SGLang has set them on this worker now, the topk an adaptive candidate's own (at most the server's, in
+        whose layout the drafter returns its tree: :func:`sgl_eagle_triton.drafter.in_tree_layout`). One drafter per
+        shape, made at first use; a drafter holds no buffers of its own."""
+        steps = self.speculative_num_steps
+        topk = config.adaptive_topk(self.server_args, steps) if self.server_args.speculative_adaptive else self.topk
+        shape = (topk, steps, self.speculative_num_draft_tokens)
         drafter = self._drafters.get(shape)
         if drafter is None:
             weights, k_cache, v_cache, req_to_token, k_scale, v_scale = self._drafter_binding
             drafter = self._drafters[shape] = FusedDrafter(weights, *shape, k_cache, v_cache, req_to_token,
-                                                           k_scale, v_scale, tp=self._tensor_parallel)
+                                                           k_scale, v_scale, tp=self._tensor_parallel,
+                                                           layout_topk=self.topk)
         return drafter
 
     def draft_forward(self, forward_batch):
@@ -412,7 +416,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         candidates = self.adaptive_controller.params.candidate_steps
         trees = evidence = None
         if self.topk > 1:
-            trees = {s: (self.topk, config.adaptive_draft_tokens(self.server_args, s)) for s in candidates if s}
+            trees = {s: (config.adaptive_topk(self.server_args, s), config.adaptive_draft_tokens(self.server_args, s))
+                     for s in candidates if s}
             evidence = TreeEvidence(max(candidates), self.topk, self.device)
             self._eagle_sample = with_tree_evidence(self._eagle_sample, evidence)
         return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence)
@@ -525,8 +530,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
+            sa = self.server_args
             report["adaptive_trees"] = {  # each candidate's (steps, topk, draft tokens)
-                str(s): [s, self.topk, config.adaptive_draft_tokens(self.server_args, s)]
+                str(s): [s, config.adaptive_topk(sa, s), config.adaptive_draft_tokens(sa, s)]
                 for s in self.adaptive_controller.candidate_steps}
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
             report["adaptive_resumes"] = self.resumes

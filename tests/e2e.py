@@ -61,15 +61,22 @@ TREE_TOPK, TREE_DRAFT_TOKENS = 4, {1: 2, 3: 8, 5: 16}
 TREE_RESERVED = max(max(s * TREE_TOPK, n) for s, n in TREE_DRAFT_TOKENS.items())  # per request (load_mix)
 
 
-def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3, policy: str = "sglang") -> list[str]:
-    """Server flags (after the draft path) of an EAGLE_TRITON adaptive server over the tree candidates above,
-    deciding by ``policy``; writes its ``--speculative-adaptive-config`` into ``tmp_path``."""
+# Mixed topk (an explicit trial, config.EXPERIMENTAL_MIXED_TOPK_ENV): chains (topk 1) among TREE_TOPK-wide trees
+MIXED_DRAFT_TOKENS = {1: [1, 2], 3: [1, 4], 5: 16}
+
+
+def adaptive_tree_flags(tmp_path: Path, initial_steps: int = 3, policy: str = "sglang",
+                        draft_tokens: dict | None = None) -> list[str]:
+    """Server flags (after the draft path) of an EAGLE_TRITON adaptive server over the tree candidates above (or
+    ``draft_tokens``: {steps: n or [topk, n]}), deciding by ``policy``; writes its ``--speculative-adaptive-config``
+    into ``tmp_path``."""
     import json
 
-    steps = [0, *sorted(TREE_DRAFT_TOKENS)]
-    cfg = tmp_path / f"adaptive-trees-{policy}.json"
+    cfg = tmp_path / f"adaptive-trees-{policy}{'-given' if draft_tokens else ''}.json"
+    draft_tokens = draft_tokens or TREE_DRAFT_TOKENS
+    steps = [0, *sorted(draft_tokens)]
     cfg.write_text(json.dumps({"1": {"candidate_steps": steps}, config.ADAPTIVE_POLICY_KEY: policy,
-                               config.ADAPTIVE_DRAFT_TOKENS_KEY: {str(s): n for s, n in TREE_DRAFT_TOKENS.items()}}))
+                               config.ADAPTIVE_DRAFT_TOKENS_KEY: {str(s): n for s, n in draft_tokens.items()}}))
     return ["--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk",
             str(TREE_TOPK), "--speculative-num-steps", str(initial_steps)]
 

@@ -21,6 +21,7 @@ import pytest
 from sgl_eagle_triton import config
 from sgl_eagle_triton.worker import DRAFT_KV_FILL
 from tests.e2e import (
+    MIXED_DRAFT_TOKENS,
     TREE_DRAFT_TOKENS,
     TREE_TOPK,
     adaptive_tree_flags,
@@ -123,3 +124,40 @@ def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
     # accepted far more often than its second
     rates = reports["ours_cost"]["adaptive_policy"]["rank_rates"]
     assert rates[0][0] > 2 * rates[0][1], rates
+
+
+def test_adaptive_mixed_topk_candidates_are_lossless_across_switches(tmp_path):
+    """Chains among trees in one server (tests/e2e.py's MIXED_DRAFT_TOKENS: (1,1,2), (3,1,4), (5,TREE_TOPK,16), off;
+    an explicit trial): the cycle knob moves between them before every decode step, the cost policy picks by cost.
+    Pass: tie-aware equal to no speculation; every candidate ran (cycle knob) at its own topk and draft tokens; no
+    kernel error."""
+    mixed = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
+    cost = adaptive_tree_flags(tmp_path, policy="cost", draft_tokens=MIXED_DRAFT_TOKENS)
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
+    trial = {config.EXPERIMENTAL_MIXED_TOPK_ENV: "1"}
+    servers = {
+        "nospec": e2e_server("mixed-nospec", TARGET, [], tmp_path),
+        "ours_cycle": e2e_server("adaptive-mixed-EAGLE_TRITON-cycle", TARGET, [*spec, *mixed], tmp_path,
+                                 env={**trial, config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": e2e_server("adaptive-mixed-EAGLE_TRITON-cost", TARGET, [*spec, *cost], tmp_path, env=trial),
+    }
+    ours = ("ours_cycle", "ours_cost")
+    results, infos = serve_concurrently(servers, serve_generate, ours)
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
+    summary = {key: {"accept_length": results[key]["accept_length"],
+                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
+    summary["reports"] = reports
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-mixed.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    shapes = {"0": [0, TREE_TOPK, 1]}
+    for s, entry in MIXED_DRAFT_TOKENS.items():
+        k, n = entry if isinstance(entry, list) else (TREE_TOPK, entry)
+        shapes[str(s)] = [s, k, n]
+    for key in ours:
+        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
+        assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
+        assert reports[key]["adaptive_trees"] == shapes, reports[key]
+    steps = reports["ours_cycle"]["adaptive_steps_in_force"]
+    assert set(steps) == set(shapes) and min(steps.values()) >= 50, steps

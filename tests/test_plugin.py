@@ -9,6 +9,7 @@ import json
 import pickle
 import re
 from importlib.metadata import entry_points
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -201,7 +202,6 @@ def _unsupported_draft(tmp_path):
         (["--speculative-adaptive", "--enable-two-batch-overlap"],
          "--speculative-adaptive with enable_two_batch_overlap=True is not supported"),
         (["--enable-dp-attention", "--dp", "2", "--tp", "2"], "--enable-dp-attention"),
-        (["--tp", "8"], "--tp 8 yet: built, not yet run end to end on GPUs"),
         (["--pp-size", "2"], "pipeline parallelism (pp=2)"),
         (["--tp", "2", "--dcp-size", "2"], "context parallelism (--dcp-size 2"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
@@ -223,8 +223,13 @@ def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypat
     monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV, raising=False)
     assert _args("--tp", "2").tp_size == 2 and _args("--tp", "4").tp_size == 4
     target, draft = eagle1_pair
-    with pytest.raises(EagleTritonConfigError, match=re.escape("EAGLE-1 drafts with --tp 2 yet")):
+    eagle1_trial = "EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp 2 yet"
+    with pytest.raises(EagleTritonConfigError, match=re.escape(eagle1_trial)):
         _args("--tp", "2", target=str(target), draft=str(draft))
+    # a size the draft's heads allow but no GPU test ran (the trained pair's 4 heads allow only 1, 2, 4)
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 8 yet: built, not yet run end to end on GPUs. "
+                                                               "Use --tp 1, an EAGLE-3 draft at --tp 2 or 4")):
+        config._check_tensor_parallel_trial(SimpleNamespace(tp_size=8), config.EAGLE3)
     monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
     assert _args("--tp", "2", target=str(target), draft=str(draft)).tp_size == 2
     assert _args("--tp", "2").tp_size == 2
@@ -291,6 +296,21 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-eagle-topk 32")):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk", "32",
               "--speculative-num-steps", "3")
+    # candidates narrower than the server's topk ([topk, n]: a chain among trees), an explicit trial
+    mixed = {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": [1, 2], "3": [1, 4], "5": 32}}
+    refused("adaptive candidates [1, 3] narrower than --speculative-eagle-topk 8 yet", mixed)
+    monkeypatch.setenv(config.EXPERIMENTAL_MIXED_TOPK_ENV, "1")
+    cfg.write_text(json.dumps({**trees, **mixed}))
+    sa = _args(*flags, "--speculative-num-steps", "3")
+    assert [(config.adaptive_topk(sa, s), config.adaptive_draft_tokens(sa, s)) for s in (0, 1, 3, 5)] == [
+        (8, 1), (1, 2), (1, 4), (8, 32)]
+    assert sa.speculative_eagle_topk == 8 and sa.max_speculative_num_draft_tokens == 5 * 8
+    refused("the tree entry [9, 4]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": [9, 4], "5": 32}})
+    refused("the tree entry 'four'", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": "four", "5": 32}})
+    refused("--speculative-num-draft-tokens 5 with steps=3, topk=1", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {
+        "1": 2, "3": [1, 5], "5": 32}})
+    monkeypatch.setenv(config.DRAFT_CHECK_ENV, "/tmp/check")
+    refused("SGL_EAGLE_TRITON_DRAFT_CHECK with adaptive candidates narrower", mixed, extra=["--disable-cuda-graph"])
 
 
 def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():

@@ -250,6 +250,7 @@ def _bound_draft_worker(w, batch, steps=STEPS, n=N):
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
     dw._drafter_binding = (w, batch["k_cache"], batch["v_cache"], batch["req_to_token"], 1.0, 1.0)
     dw._drafters, dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = {}, TOPK, steps, n
+    dw.server_args = SimpleNamespace(speculative_adaptive=False, speculative_eagle_topk=TOPK)
     return dw
 
 
@@ -338,6 +339,29 @@ def test_draft_forward_runs_the_shape_in_force(fresh_counts, device):
         assert torch.equal(forward_batch.positions, batch["positions"] + steps - 1)
 
 
+def test_an_adaptive_state_narrower_than_the_server_drafts_at_its_own_topk(fresh_counts, device):
+    """Adaptive candidates (steps 1, topk 1) and (steps 2, topk 2) in a topk-TOPK server: each state's drafter runs at
+    its own topk and returns its tree in the server's layout (tests/test_tree_layout.py); a full-width state as
+    before."""
+    w, gen = random_draft(True, device, seed=7)
+    batch = random_batch(w, 2, TOPK, 3, [9, 4], gen, device)
+    spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
+    dw = _bound_draft_worker(w, batch)
+    dw.server_args = SimpleNamespace(speculative_adaptive=True, speculative_eagle_topk=TOPK)
+    vars(dw.server_args)[config.RESOLVED_TOPK_ATTR] = {0: TOPK, 1: 1, 2: 2, 3: TOPK}
+    for steps, n, k in ((1, 2, 1), (2, 4, 2), (3, 8, TOPK)):
+        dw.speculative_num_steps, dw.speculative_num_draft_tokens = steps, n
+        forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
+                                        seq_lens=batch["seq_lens"], req_pool_indices=batch["req_pool_indices"])
+        parents, index, tokens, _ = dw.draft_forward(forward_batch)
+        drafter = dw.fused_drafter
+        assert (drafter.topk, drafter.layout_topk) == (k, TOPK)
+        assert parents.shape == (2, TOPK * (steps - 1) + 1 if steps > 1 else 0) and tokens.shape == (2, n - 1)
+        assert torch.equal(forward_batch.positions, batch["positions"] + steps - 1)
+        if k == 1:  # a chain: child 0 of frontier row 0 at every level, in the server's list
+            assert index.tolist() == [[0]] * 2
+
+
 def test_alloc_memory_pool_refuses_rows_without_the_reservation(pool_worker):
     dw, _, pools = pool_worker
     pools["req_to_token"] = torch.zeros(3, 64 + 4 + 8, dtype=torch.int32)  # SGLang's own width at page size 1
@@ -412,6 +436,7 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
     dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, None
     dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
+    dw.server_args = SimpleNamespace(speculative_adaptive=True, speculative_eagle_topk=1)
     dw._draft_attention = SimpleNamespace(k_scale=None, v_scale=None)
     pool = _RecordingPool()
     dw.draft_runner = SimpleNamespace(
