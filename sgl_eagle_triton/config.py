@@ -252,9 +252,12 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
 
 def _tree_entry(entry, topk: int, source: str) -> tuple[int, int]:
     """An ``"eagle_triton_draft_tokens"`` value: ``n`` (the server's topk) or ``[k, n]`` with 1 <= k <= topk."""
-    if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, int) for x in entry):
+    def integer(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if isinstance(entry, list) and len(entry) == 2 and all(integer(x) for x in entry):
         k, n = entry
-    elif isinstance(entry, int):
+    elif integer(entry):
         k, n = topk, entry
     else:
         k, n = 0, 0

@@ -26,7 +26,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.demo import parse_metrics
 from sgl_eagle_triton.launcher import Server
-from tests.e2e import TREE_RESERVED, adaptive_tree_flags, e2e_server, tensor_parallel
+from tests.e2e import MIXED_DRAFT_TOKENS, TREE_RESERVED, adaptive_tree_flags, e2e_server, tensor_parallel
 from tests.load_mix import (
     ADAPTIVE_RESERVED,
     CONTEXT_LEN,
@@ -146,12 +146,12 @@ def _memory_mib(server: Server) -> dict:
     return {"server_rss": sum(p.memory_info().rss for p in procs) / 2**20, "gpu_used": (total - free) / 2**20}
 
 
-@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "tp2"])
+@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "adaptive_mixed_cycle", "tp2"])
 def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
-    ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``tp2``: SPEC_TREE at ``--tp 2``
-    (two GPUs)."""
+    ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``adaptive_mixed_cycle``: over
+    chains among trees (MIXED_DRAFT_TOKENS, a trial); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
     parallel, env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
@@ -163,6 +163,9 @@ def test_load_and_faults(tmp_path, mode):
         shape, env, reserved = ["--speculative-adaptive"], {config.ADAPTIVE_CYCLE_ENV: "1"}, ADAPTIVE_RESERVED
     elif mode == "adaptive_trees_cycle":
         shape, env, reserved = adaptive_tree_flags(tmp_path), {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
+    elif mode == "adaptive_mixed_cycle":  # the widest candidate's reservation is the trees' (5 steps x TREE_TOPK)
+        shape = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
+        env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1", config.EXPERIMENTAL_MIXED_TOPK_ENV: "1"}, TREE_RESERVED
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,
