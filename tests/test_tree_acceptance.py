@@ -199,6 +199,24 @@ def test_the_policy_predicts_trees_by_rank_and_picks_by_value():
     assert set(report["expected_tokens"]) == {"0", "1", "3", "5"} and report["expected_tokens"]["0"] == 1.0
 
 
+def test_chains_among_trees_are_predicted_at_their_own_topk():
+    """Mixed topk (config entries [k, n]): a chain candidate is predicted as a chain (under this profile as much as
+    the best 4 nodes of a tree of 8 would commit: its price is what differs, measured per state), so in a crowd the
+    cheap 3-step chain wins and alone the 5-step tree of 8."""
+    mixed = {1: (1, 2), 3: (1, 4), 5: (8, 32)}
+    costs = {**TREE_COSTS, (3, 64): 12.0}  # a chain verifies 4 tokens a request, the 3-step tree 8
+    policy = CostAwarePolicy([0, 1, 3, 5], 3, update_interval=1, settle=0, trees=mixed, evidence=ProfileEvidence())
+    policy.set_costs(CycleCost(costs))
+    policy._refresh_trees()
+
+    def profile_rate(d, r):
+        return PROFILE["rank_probs"][r] * PROFILE["depth_decay"] ** (d - 1)
+
+    assert policy.expected_tokens(3) == pytest.approx(tree_tokens(profile_rate, 3, 1, 4), rel=0.02)
+    assert policy.expected_tokens(3) < tree_tokens(profile_rate, 3, 8, 8)  # the tree of 8 would commit more
+    assert policy.best(1) == 5 and policy.best(64) == 3
+
+
 def test_a_tree_committing_less_than_predicted_lowers_every_trees_prediction():
     policy = CostAwarePolicy([0, 1, 3, 5], 5, update_interval=1, settle=0, trees=TREES, evidence=ProfileEvidence())
     policy.set_costs(CycleCost(TREE_COSTS))
