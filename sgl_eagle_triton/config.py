@@ -229,6 +229,9 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk}", f"Use a topk of at most {MAX_TOPK}.")
     _check_topk_backend(sa, topk)
     given = _adaptive_config(sa).get(ADAPTIVE_DRAFT_TOKENS_KEY, {})
+    if not isinstance(given, dict):
+        _refuse(f'"{ADAPTIVE_DRAFT_TOKENS_KEY}": {given!r} in --speculative-adaptive-config',
+                'Give an object: {"<steps>": <draft tokens> or [<topk>, <draft tokens>], ...}.')
     missing = [s for s in candidates if s > 0 and str(s) not in given]
     if missing:
         _refuse(f"--speculative-adaptive with --speculative-eagle-topk {topk} without the draft tokens of candidate "
@@ -304,7 +307,7 @@ def adaptive_topk(sa, steps: int) -> int:
     topk = sa.speculative_eagle_topk or 1
     if steps == 0 or topk == 1:
         return topk
-    return vars(sa).get(RESOLVED_TOPK_ATTR, {}).get(steps, topk)
+    return vars(sa)[RESOLVED_TOPK_ATTR][steps]
 
 
 def adaptive_policy(sa) -> str:

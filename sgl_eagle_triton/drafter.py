@@ -197,8 +197,9 @@ def in_tree_layout(parent_list, top_scores_index, draft_tokens, all_scores, k: i
     :meth:`FusedDrafter.draft`) as a topk-``K`` draft of the same nodes: parent_list [bs, K (S-1) + 1] (level 0's
     ``-1, 0..K-1``; each later level's first k frontier entries the mapped ones, the rest repeating the first: no
     selected node refers to them), top_scores_index mapped (still ascending), the same draft tokens, and all_scores
-    [bs, K + (S-1) K^2] with 0 for the candidates a topk-k draft does not have. Only index arithmetic and copies
-    (CUDA-graph safe). SGLang's build_tree at topk K then gives the tree build_tree at topk k gives."""
+    [bs, K + (S-1) K^2] with 0 for the candidates a topk-k draft does not have (None when ``all_scores`` is: only
+    the draft check reads them). Only index arithmetic and copies (CUDA-graph safe). SGLang's build_tree at topk K
+    then gives the tree build_tree at topk k gives."""
     bs = top_scores_index.shape[0]
     layout_parents = parent_list.new_empty(bs, K * (steps - 1) + 1 if steps > 1 else 0)
     if steps > 1:
@@ -209,9 +210,10 @@ def in_tree_layout(parent_list, top_scores_index, draft_tokens, all_scores, k: i
             blocks = layout_parents[:, K + 1:].view(bs, steps - 2, K)
             blocks[:, :, :k] = mapped
             blocks[:, :, k:] = mapped[:, :, :1]
-    scores = all_scores.new_zeros(bs, K + (steps - 1) * K * K)
-    every = _node_in_layout(torch.arange(all_scores.shape[1], device=all_scores.device), k, K)
-    scores[:, every] = all_scores
+    scores = None
+    if all_scores is not None:
+        scores = all_scores.new_zeros(bs, K + (steps - 1) * K * K)
+        scores[:, _node_in_layout(torch.arange(all_scores.shape[1], device=all_scores.device), k, K)] = all_scores
     return layout_parents, _node_in_layout(top_scores_index, k, K), draft_tokens, scores
 
 
@@ -226,11 +228,12 @@ class FusedDrafter:
     def __init__(self, weights: DraftWeights, topk: int, num_steps: int, num_draft_tokens: int,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                  k_scale: float = 1.0, v_scale: float = 1.0, tp: TensorParallel | None = None,
-                 layout_topk: int | None = None):
+                 layout_topk: int | None = None, keep_scores: bool = True):
         self.w = weights
         self.tp = tp
         self.topk = topk
         self.layout_topk = layout_topk or topk  # the server's topk (see draft)
+        self.keep_scores = keep_scores
         if self.layout_topk < topk:
             raise ValueError(f"layout topk {self.layout_topk} below the drafter's topk {topk}")
         self.num_steps = num_steps
@@ -252,18 +255,19 @@ class FusedDrafter:
         With a layout topk K above k (an adaptive state narrower than the server's topk): the inputs are the
         server's, [bs, K] (sorted: their first k columns are the top k) and positions [bs * K]; the draft runs
         over k rows per request, and the tree comes back in K's layout (:func:`in_tree_layout`), the tree a
-        topk-K drafter would organise had its other candidates scored 0.
+        topk-K drafter would organise had its other candidates scored 0; all_scores only with ``keep_scores``
+        (the draft check's; set at construction).
         """
         K, k = self.layout_topk, self.topk
         if K == k:
             return self._draft(topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices)
         bs = topk_p.shape[0]
         own = positions.view(bs, K)[:, :k].clone().view(bs * k)  # a copy; a request's rows share one position
-        tree = self._draft(topk_p[:, :k].contiguous(), topk_index[:, :k].contiguous(), hidden, own, seq_lens,
-                           req_pool_indices)
+        *tree, scores = self._draft(topk_p[:, :k].contiguous(), topk_index[:, :k].contiguous(), hidden, own,
+                                    seq_lens, req_pool_indices)
         if self.num_steps > 1:
             positions.add_(self.num_steps - 1)
-        return in_tree_layout(*tree, k, K, self.num_steps)
+        return in_tree_layout(*tree, scores if self.keep_scores else None, k, K, self.num_steps)
 
     def _draft(self, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
         w, k, S = self.w, self.topk, self.num_steps

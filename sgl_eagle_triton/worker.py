@@ -328,9 +328,10 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         drafter = self._drafters.get(shape)
         if drafter is None:
             weights, k_cache, v_cache, req_to_token, k_scale, v_scale = self._drafter_binding
+            # a narrower state's scores in the server's layout serve only the draft check, refused with it
             drafter = self._drafters[shape] = FusedDrafter(weights, *shape, k_cache, v_cache, req_to_token,
                                                            k_scale, v_scale, tp=self._tensor_parallel,
-                                                           layout_topk=self.topk)
+                                                           layout_topk=self.topk, keep_scores=topk == self.topk)
         return drafter
 
     def draft_forward(self, forward_batch):

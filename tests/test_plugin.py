@@ -307,6 +307,7 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     assert sa.speculative_eagle_topk == 8 and sa.max_speculative_num_draft_tokens == 5 * 8
     refused("the tree entry [9, 4]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": [9, 4], "5": 32}})
     refused("the tree entry 'four'", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": "four", "5": 32}})
+    refused('"eagle_triton_draft_tokens": [2, 8, 32]', {config.ADAPTIVE_DRAFT_TOKENS_KEY: [2, 8, 32]})
     refused("the tree entry [True, 4]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": [True, 4], "5": 32}})
     refused("--speculative-num-draft-tokens 5 with steps=3, topk=1", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {
         "1": 2, "3": [1, 5], "5": 32}})

@@ -2,18 +2,19 @@
 trees): :func:`sgl_eagle_triton.drafter.in_tree_layout` hands SGLang's build_tree, called with topk K, a topk-k
 tree in K's layout.
 
-Pass: build_tree's reference twin at topk K over the mapped draft gives exactly what it gives at topk k over the
-draft itself (tree mask in every mode, positions, retrieve index / next token / next sibling, tokens), on trees
-built without ties (tests: ``draft_tree``); every score keeps its node, the others are 0; and the fused drafter
-in a K layout returns exactly the mapped k-drafter's tree, all K position rows advanced. Mapping a level's
-frontier rows with K's stride instead of k's (a broken variant, shown once by hand) fails the first test for
-every case of three levels or more.
+Pass: build_tree (our kernel, and its reference twin) at topk K over the mapped draft gives exactly what the twin
+gives at topk k over the draft itself (tree mask in every mode, positions, retrieve index / next token / next
+sibling, tokens), on trees built without ties (tests: ``draft_tree``); every score keeps its node, the others are 0;
+and the fused drafter in a K layout returns exactly the mapped k-drafter's tree, all K position rows advanced.
+Mapping frontier rows with k's stride instead of K's (a broken variant, shown once by hand) fails every case with
+k > 1.
 """
 
 import pytest
 import torch
 
 from sgl_eagle_triton.drafter import FusedDrafter, in_tree_layout
+from sgl_eagle_triton.kernels import build_tree as kernels
 from sgl_eagle_triton.reference import build_tree as reference
 from sgl_eagle_triton.testing import draft_tree, random_batch, random_draft
 
@@ -34,7 +35,7 @@ def _tree(bs, k, steps, n, gen):
 @pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
 @pytest.mark.parametrize("bs", [1, 3])
 @pytest.mark.parametrize(("k", "K", "steps", "n"), CASES)
-def test_a_narrow_draft_in_the_servers_layout_builds_the_same_tree(k, K, steps, n, bs, mode):
+def test_a_narrow_draft_in_the_servers_layout_builds_the_same_tree(k, K, steps, n, bs, mode, device):
     if mode == QLEN_ONLY_BITPACKING and n > 32:
         pytest.skip("bit-packed masks hold at most 32 tokens")
     gen = torch.Generator().manual_seed(1000 * k + 100 * K + 10 * steps + n + bs)
@@ -50,12 +51,16 @@ def test_a_narrow_draft_in_the_servers_layout_builds_the_same_tree(k, K, steps, 
     assert torch.equal(top[:, :scores.shape[1]], scores.sort(dim=1, descending=True).values)
     assert wide_scores.count_nonzero() == scores.count_nonzero()
 
-    def built(parents, chosen, topk):
-        return reference.build_tree_kernel_efficient(bonus, parents, chosen, tokens, seq_lens, int(seq_lens.sum()),
-                                                     topk, steps, chosen.shape[1] + 1, mode)
+    def built(impl, parents, chosen, topk, dev="cpu"):
+        out = impl.build_tree_kernel_efficient(*(t.to(dev) for t in (bonus, parents, chosen, tokens, seq_lens)),
+                                               int(seq_lens.sum()), topk, steps, chosen.shape[1] + 1, mode)
+        return [t.cpu() for t in out]
 
-    for got, want in zip(built(wide_parents, wide_selected, K), built(parent_list, selected, k), strict=True):
-        assert torch.equal(got, want)
+    want = built(reference, parent_list, selected, k)
+    for impl, dev in ((reference, "cpu"), (kernels, device)):
+        for got, expected in zip(built(impl, wide_parents, wide_selected, K, dev), want, strict=True):
+            assert torch.equal(got, expected), impl.__name__
+    assert in_tree_layout(parent_list, selected, tokens, None, k, K, steps)[3] is None  # no scores asked
 
 
 def test_the_first_level_block_and_the_mapped_nodes():
