@@ -89,6 +89,29 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
     assert {key.split(",")[0] for key in policy["replay_ms"]} == CANDIDATES, policy
 
 
+def _serve_tree_candidates(servers: dict, ours: tuple, report_name: str, shapes: dict) -> dict:
+    """Serves ``servers`` (with ``"nospec"``) at once and writes the summary as ``report_name``. Asserts for each of
+    ``ours``: tie-aware equal to no speculation, no kernel error, its candidates ``shapes`` ({"steps": [steps, topk,
+    draft tokens]}); and that the cycle knob's server (``"ours_cycle"``) ran every candidate >= 50 steps. Returns
+    the servers' /server_info reports."""
+    results, infos = serve_concurrently(servers, serve_generate, ours)
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
+    summary = {key: {"accept_length": results[key]["accept_length"],
+                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
+    summary["reports"] = reports
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], report_name), "w") as f:
+            json.dump(summary, f, indent=1)
+    for key in ours:
+        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
+        assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
+        assert reports[key]["adaptive_trees"] == shapes, reports[key]
+    steps = reports["ours_cycle"]["adaptive_steps_in_force"]
+    assert set(steps) == set(shapes) and min(steps.values()) >= 50, steps
+    return reports
+
+
 def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
     """Tree candidates (topk > 1, tests/e2e.py's TREE_DRAFT_TOKENS): SGLang's policy, the cycle knob (which moves
     between trees of different depth and width, through steps 0, before every decode step) and the cost policy.
@@ -103,23 +126,8 @@ def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
                                  env={config.ADAPTIVE_CYCLE_ENV: "1"}),
         "ours_cost": e2e_server("adaptive-trees-EAGLE_TRITON-cost", TARGET, [*spec, *cost_flags], tmp_path),
     }
-    ours = ("ours", "ours_cycle", "ours_cost")
-    results, infos = serve_concurrently(servers, serve_generate, ours)
-    reports = {key: info["eagle_triton"] for key, info in infos.items()}
-    summary = {key: {"accept_length": results[key]["accept_length"],
-                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
-    summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-trees.json"), "w") as f:
-            json.dump(summary, f, indent=1)
     trees = {"0": [0, TREE_TOPK, 1], **{str(s): [s, TREE_TOPK, n] for s, n in TREE_DRAFT_TOKENS.items()}}
-    for key in ours:
-        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
-        assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
-        assert reports[key]["adaptive_trees"] == trees, reports[key]
-    steps = reports["ours_cycle"]["adaptive_steps_in_force"]
-    assert set(steps) == set(trees) and min(steps.values()) >= 50, steps
+    reports = _serve_tree_candidates(servers, ("ours", "ours_cycle", "ours_cost"), "adaptive-trees.json", trees)
     # the cost policy learnt per-rank acceptance from the device counts: the trained pair's best child is
     # accepted far more often than its second
     rates = reports["ours_cost"]["adaptive_policy"]["rank_rates"]
@@ -141,23 +149,8 @@ def test_adaptive_mixed_topk_candidates_are_lossless_across_switches(tmp_path):
                                  env={**trial, config.ADAPTIVE_CYCLE_ENV: "1"}),
         "ours_cost": e2e_server("adaptive-mixed-EAGLE_TRITON-cost", TARGET, [*spec, *cost], tmp_path, env=trial),
     }
-    ours = ("ours_cycle", "ours_cost")
-    results, infos = serve_concurrently(servers, serve_generate, ours)
-    reports = {key: info["eagle_triton"] for key, info in infos.items()}
-    summary = {key: {"accept_length": results[key]["accept_length"],
-                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
-    summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-mixed.json"), "w") as f:
-            json.dump(summary, f, indent=1)
     shapes = {"0": [0, TREE_TOPK, 1]}
     for s, entry in MIXED_DRAFT_TOKENS.items():
         k, n = entry if isinstance(entry, list) else (TREE_TOPK, entry)
         shapes[str(s)] = [s, k, n]
-    for key in ours:
-        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
-        assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
-        assert reports[key]["adaptive_trees"] == shapes, reports[key]
-    steps = reports["ours_cycle"]["adaptive_steps_in_force"]
-    assert set(steps) == set(shapes) and min(steps.values()) >= 50, steps
+    _serve_tree_candidates(servers, ("ours_cycle", "ours_cost"), "adaptive-mixed.json", shapes)
