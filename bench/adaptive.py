@@ -174,8 +174,9 @@ def label(r: dict, cards: bool = False) -> str:
 
 
 def report(rows: list[dict]) -> str:
-    """Markdown: tok/s per system and batch, over no-spec (on the same card, where the sweep ran in lanes on several
-    cards of one host) and over the best other system at that batch."""
+    """Markdown: tok/s per system and batch, over no-spec and over the best other system at that batch. Where the
+    sweep ran in lanes on several cards of one host, both ratios use each system's tok/s over its own card's no-spec
+    (card-to-card differences cancel; a row without its card's no-spec gets no ratio)."""
     if not rows:
         return ""
     by_batch: dict = {}
@@ -185,16 +186,24 @@ def report(rows: list[dict]) -> str:
     lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", ""]
     if len(cards) > 1:
         lines += [f"Systems ran in lanes on cards {', '.join(cards)} of one host at once, no-spec on each: "
-                  "`/ nospec` is against the same card's no-spec, `/ best other` across cards.", ""]
+                  "`/ nospec` is against the same card's no-spec, and `/ best other` compares those ratios (each "
+                  "card's speed cancels).", ""]
     lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
               "|---|---|---|---|---|---|---|"]
     for (batch, acceptance), group in sorted(by_batch.items()):
         nospec = {card(r): r["tok_per_s"] for r in group if r["system"] == "nospec"}
+
+        def speed(r, nospec=nospec):  # tok/s; across cards: over the card's own no-spec (None without one)
+            if len(cards) == 1:
+                return r["tok_per_s"]
+            base = nospec.get(card(r))
+            return r["tok_per_s"] / base if base else None
+
         for r in sorted(group, key=lambda r: -r["tok_per_s"]):
-            others = [o["tok_per_s"] for o in group if o is not r]
+            others = [speed(o) for o in group if o is not r and speed(o) is not None]
             base = nospec.get(card(r))  # none on this card: no ratio
             vs_nospec = f"{r['tok_per_s'] / base:.2f}" if base and r["system"] != "nospec" else "-"
-            vs_best = f"{r['tok_per_s'] / max(others):.2f}" if others else "-"
+            vs_best = f"{speed(r) / max(others):.2f}" if others and speed(r) is not None else "-"
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} |")
     return "\n".join(lines) + "\n"
