@@ -34,10 +34,11 @@ COMMON_ARGS = (
 
 
 def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,
-               env: Mapping[str, str] | None = None) -> Server:
-    """A started (not yet ready) server with ``COMMON_ARGS``, then ``args`` (a flag given again there wins);
-    its log is ``log_dir/<name>.log``."""
-    return Server(name, model_path, [*COMMON_ARGS, *args], log_dir, env=env)
+               env: Mapping[str, str] | None = None, deterministic: bool = True) -> Server:
+    """A started (not yet ready) server with ``COMMON_ARGS`` (without ``--enable-deterministic-inference`` unless
+    ``deterministic``), then ``args`` (a flag given again there wins); its log is ``log_dir/<name>.log``."""
+    common = [a for a in COMMON_ARGS if deterministic or a != "--enable-deterministic-inference"]
+    return Server(name, model_path, [*common, *args], log_dir, env=env)
 
 
 def require_gpus(count: int, what: str) -> None:

@@ -1,9 +1,11 @@
 """End to end under the flags real deployments pass: for each flag set, servers without speculation, with stock
 EAGLE3 and with EAGLE_TRITON serve the trained tiny pair with the same flags, and answer the code prompts through
-``/generate`` (one by one and all at once, greedy, deterministic inference).
+``/generate`` (one by one and all at once, greedy, deterministic inference; ``tp2_custom_ar`` without it, so that
+SGLang's custom all-reduce runs).
 
 Pass: EAGLE_TRITON is tie-aware equal to no speculation under the same flags (tests/lossless.py; under an FP8
-KV cache, where stock EAGLE3 itself departs from no speculation, ours departs at no other place), accepts at
+KV cache, where stock EAGLE3 itself departs from no speculation, ours departs at no other place; without
+deterministic inference no more often than stock), accepts at
 least 98 % of stock's accept length (within 2 %, or more), its ``/server_info`` report shows our kernels ran
 with no error; token-for-token equality with stock is reported. ``E2E_REPORT_DIR`` receives a JSON per flag set.
 """
@@ -32,6 +34,9 @@ DEPLOYMENTS = {
     "flashinfer": (["--attention-backend", "flashinfer"], [(5, 1, 6), (5, 4, 16)]),
     "dp2": (["--dp", "2"], [(5, 1, 6), (5, 4, 16)]),  # two data-parallel replicas: a machine of two GPUs
     "tp2": (["--tp", "2"], [(5, 1, 6), (5, 4, 16)]),  # tensor parallelism on SGLang's TP group (issue 13)
+    # the same without deterministic inference, which turns SGLang's custom all-reduce off at TP > 1: the
+    # drafter's all-reduces through SGLang's communicator then take the custom all-reduce, as in deployments
+    "tp2_custom_ar": (["--tp", "2"], [(5, 4, 16)]),
 }
 GPUS_NEEDED = {"dp2": 2}
 ACCEPT_SHARE = 0.98
@@ -39,20 +44,27 @@ ACCEPT_SHARE = 0.98
 # places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
 # same ones. There, ours may depart only where stock does (as lossless as SGLang's speculative path).
 STOCK_DEPARTS = {"fp8_e4m3", "fp8_e5m2"}
+# Without deterministic inference a target's logits depend on the batch they ran in, so departures beyond a bf16
+# near-tie can happen at places that differ between servers: there ours may depart no more often than stock does
+# (a first-run criterion, not yet measured on a GPU).
+NONDETERMINISTIC = {"tp2_custom_ar"}
 
 
 @pytest.mark.parametrize("deployment", list(DEPLOYMENTS))
 def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
     flags, trees = DEPLOYMENTS[deployment]
     require_gpus(GPUS_NEEDED.get(deployment, 1), deployment)
-    env = tensor_parallel(2)[1] if deployment == "tp2" else None
-    servers = {"nospec": e2e_server(f"{deployment}-nospec", TARGET, flags, tmp_path, env=env)}
+    env = tensor_parallel(2)[1] if deployment.startswith("tp2") else None
+    deterministic = deployment not in NONDETERMINISTIC
+    servers = {"nospec": e2e_server(f"{deployment}-nospec", TARGET, flags, tmp_path, env=env,
+                                    deterministic=deterministic)}
     for steps, topk, n in trees:
         spec = [*flags, "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
         for algo in ("EAGLE3", "EAGLE_TRITON"):
             servers[algo, n] = e2e_server(f"{deployment}-{algo}-{steps}-{topk}-{n}", TARGET,
-                                          ["--speculative-algorithm", algo, *spec], tmp_path, env=env)
+                                          ["--speculative-algorithm", algo, *spec], tmp_path, env=env,
+                                          deterministic=deterministic)
     results, infos = serve_concurrently(servers, serve_generate, [("EAGLE_TRITON", n) for _, _, n in trees])
     reports = {n: infos["EAGLE_TRITON", n]["eagle_triton"] for _, _, n in trees}
 
@@ -72,8 +84,11 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
             json.dump(summary, f, indent=1)
     for (_, _, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
         ours, stock = ({tuple(b[:3]) for b in entry["vs_nospec"][s]["bugs"]} for s in ("eagle_triton", "stock"))
-        allowed = stock if deployment in STOCK_DEPARTS else set()
-        assert ours <= allowed, (key, entry["vs_nospec"])
+        if deployment in NONDETERMINISTIC:
+            assert len(ours) <= len(stock), (key, entry["vs_nospec"])
+        else:
+            allowed = stock if deployment in STOCK_DEPARTS else set()
+            assert ours <= allowed, (key, entry["vs_nospec"])
         accept = entry["accept_length"]
         assert accept["eagle_triton"] >= ACCEPT_SHARE * accept["stock"], (key, accept)
         assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]
