@@ -192,8 +192,7 @@ def _check_adaptive(sa) -> None:
     runtime state per candidate step count, switched by SGLang's controller; refused wherever SGLang would refuse
     it for EAGLE3 (its own rules, :func:`stock_adaptive_reason`) rather than letting SGLang switch it off. Beyond
     stock, with ``--speculative-eagle-topk`` K > 1: tree candidates, (steps, k <= K, draft tokens) each, the draft
-    tokens (and a narrower k) per step count from the config file (:func:`adaptive_draft_tokens`,
-    :func:`adaptive_topk`)."""
+    tokens (and a narrower k) per step count from the config file (:func:`adaptive_tree`)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
     topk = sa.speculative_eagle_topk or 1
@@ -286,28 +285,19 @@ def _adaptive_config(sa) -> dict:
         return json.load(f)
 
 
-# the server args' attribute holding the tree candidates' draft tokens as read at start ({steps: n}; pickled to every
-# process with the server args, so that no process reads the config file again)
-RESOLVED_DRAFT_TOKENS_ATTR = "eagle_triton_adaptive_draft_tokens"
-RESOLVED_TOPK_ATTR = "eagle_triton_adaptive_topk"  # the same for their topk ({steps: k}, k <= the server's)
+# the server args' attribute holding the tree candidates as read at start ({steps: (topk, draft tokens)}; pickled to
+# every process with the server args, so that no process reads the config file again)
+RESOLVED_TREES_ATTR = "eagle_triton_adaptive_trees"
 
 
-def adaptive_draft_tokens(sa, steps: int) -> int:
-    """The draft tokens of the adaptive candidate of ``steps`` (its tree: steps, the server's topk, these): steps + 1
-    for chains and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry as
-    :func:`handle_server_args` read it at start."""
-    if steps == 0 or (sa.speculative_eagle_topk or 1) == 1:
-        return steps + 1
-    return vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR][steps]
-
-
-def adaptive_topk(sa, steps: int) -> int:
-    """The topk of the adaptive candidate of ``steps``: the server's, or the narrower one its config file entry gives
-    (``[k, n]``) as :func:`handle_server_args` read it at start."""
+def adaptive_tree(sa, steps: int) -> tuple[int, int]:
+    """``(topk, draft tokens)`` of the adaptive candidate of ``steps``: the server's topk and steps + 1 for chains
+    and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry (``n`` at the server's topk, or a
+    narrower ``[k, n]``) as :func:`handle_server_args` read it at start."""
     topk = sa.speculative_eagle_topk or 1
     if steps == 0 or topk == 1:
-        return topk
-    return vars(sa)[RESOLVED_TOPK_ATTR][steps]
+        return topk, steps + 1
+    return vars(sa)[RESOLVED_TREES_ATTR][steps]
 
 
 def adaptive_policy(sa) -> str:
@@ -463,22 +453,19 @@ def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
 
 
 def _resolve_adaptive_trees(sa) -> None:
-    """Tree candidates' draft tokens from the config file, once, into the server args (every process reads them
-    there: :func:`adaptive_draft_tokens`); the initial state's draft tokens; and the per-request KV and buffer rows
+    """Tree candidates' topk and draft tokens from the config file, once, into the server args (every process reads
+    them there: :func:`adaptive_tree`); the initial state's draft tokens; and the per-request KV and buffer rows
     of the widest candidate, max over candidates of max(steps * topk, draft tokens), as
     ``max_speculative_num_draft_tokens`` (SGLang's ``get_alloc_len_per_decode`` takes the initial step count's
     steps * topk and that; a cached property, so the value stored in the instance is what every process reads)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
     given, topk = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY], sa.speculative_eagle_topk
-    entries = {s: _tree_entry(given[str(s)], topk, "") if s else (topk, 1)
-               for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
-    resolved = {s: n for s, (_, n) in entries.items()}
-    vars(sa)[RESOLVED_DRAFT_TOKENS_ATTR] = resolved
-    vars(sa)[RESOLVED_TOPK_ATTR] = {s: k for s, (k, _) in entries.items()}
-    sa.speculative_num_draft_tokens = resolved[sa.speculative_num_steps]
-    vars(sa)["max_speculative_num_draft_tokens"] = max(max(s * sa.speculative_eagle_topk, n)
-                                                       for s, n in resolved.items())
+    trees = {s: _tree_entry(given[str(s)], topk, "") if s else (topk, 1)
+             for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
+    vars(sa)[RESOLVED_TREES_ATTR] = trees
+    sa.speculative_num_draft_tokens = trees[sa.speculative_num_steps][1]
+    vars(sa)["max_speculative_num_draft_tokens"] = max(max(s * topk, n) for s, (_, n) in trees.items())
 
 
 def handle_server_args(sa) -> None:

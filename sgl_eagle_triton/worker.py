@@ -323,7 +323,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         whose layout the drafter returns its tree: :func:`sgl_eagle_triton.drafter.in_tree_layout`). One drafter per
         shape, made at first use; a drafter holds no buffers of its own."""
         steps = self.speculative_num_steps
-        topk = config.adaptive_topk(self.server_args, steps) if self.server_args.speculative_adaptive else self.topk
+        topk = config.adaptive_tree(self.server_args, steps)[0] if self.server_args.speculative_adaptive else self.topk
         shape = (topk, steps, self.speculative_num_draft_tokens)
         drafter = self._drafters.get(shape)
         if drafter is None:
@@ -417,8 +417,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         candidates = self.adaptive_controller.params.candidate_steps
         trees = evidence = None
         if self.topk > 1:
-            trees = {s: (config.adaptive_topk(self.server_args, s), config.adaptive_draft_tokens(self.server_args, s))
-                     for s in candidates if s}
+            trees = {s: config.adaptive_tree(self.server_args, s) for s in candidates if s}
             evidence = TreeEvidence(max(candidates), self.topk, self.device)
             self._eagle_sample = with_tree_evidence(self._eagle_sample, evidence)
         return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence)
@@ -427,10 +426,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per
         request as a plain decode step (:class:`sgl_eagle_triton.verify.OneNodeVerifyAttention`, Triton backend).
         With topk > 1 (tree candidates) SGLang asks for steps + 1 draft tokens; the state gets the candidate's own
-        (:func:`sgl_eagle_triton.config.adaptive_draft_tokens`). Its draft-extend CUDA graph is captured at the
+        (:func:`sgl_eagle_triton.config.adaptive_tree`). Its draft-extend CUDA graph is captured at the
         state's width: SGLang 0.5.17 takes the server args' (the initial state's) draft tokens, so a wider state's
         capture ran its query layout over narrower buffers and its extend then never replayed (eager)."""
-        n = config.adaptive_draft_tokens(self.server_args, speculative_num_steps)
+        n = config.adaptive_tree(self.server_args, speculative_num_steps)[1]
         resolve = draft_extend_graph_runner.resolve_num_tokens_per_req
 
         def state_width(phase, *args, **kwargs):  # SGLang reads the draft extend's width from the server args
@@ -531,9 +530,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
-            sa = self.server_args
             report["adaptive_trees"] = {  # each candidate's (steps, topk, draft tokens)
-                str(s): [s, config.adaptive_topk(sa, s), config.adaptive_draft_tokens(sa, s)]
+                str(s): [s, *config.adaptive_tree(self.server_args, s)]
                 for s in self.adaptive_controller.candidate_steps}
             report["adaptive_steps_in_force"] = {str(k): v for k, v in sorted(self.steps_in_force.items())}
             report["adaptive_resumes"] = self.resumes

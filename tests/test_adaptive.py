@@ -215,8 +215,7 @@ def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device):
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w.adaptive_controller = SimpleNamespace(params=SimpleNamespace(candidate_steps=[0, 1, 3]))
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
-    vars(w.server_args)[config.RESOLVED_DRAFT_TOKENS_ATTR] = {0: 1, 1: 2, 3: 6}
-    vars(w.server_args)[config.RESOLVED_TOPK_ATTR] = {0: 4, 1: 4, 3: 4}
+    vars(w.server_args)[config.RESOLVED_TREES_ATTR] = {0: (4, 1), 1: (4, 2), 3: (4, 6)}
     w.topk, w.speculative_num_steps, w.device, w._eagle_sample = 4, 3, device, verify.eagle_sample
     accepted = (torch.zeros(1, dtype=torch.int32, device=device), torch.tensor([2], dtype=torch.int32, device=device),
                 torch.tensor([[0, 1, -1, -1]], dtype=torch.int32, device=device))

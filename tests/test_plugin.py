@@ -273,9 +273,9 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     sa = _args(*flags, "--speculative-num-steps", "3")
     assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 8, 8)
     assert sa.max_speculative_num_draft_tokens == 5 * 8  # 5 levels of 8 candidates each get KV slots
-    assert [config.adaptive_draft_tokens(sa, s) for s in (0, 1, 3, 5)] == [1, 2, 8, 32]
+    assert [config.adaptive_tree(sa, s) for s in (0, 1, 3, 5)] == [(8, 1), (8, 2), (8, 8), (8, 32)]
     cfg.rename(tmp_path / "gone.json")  # read once at start: the server args carry them to every process
-    assert [config.adaptive_draft_tokens(pickle.loads(pickle.dumps(sa)), s) for s in (1, 3, 5)] == [2, 8, 32]
+    assert [config.adaptive_tree(pickle.loads(pickle.dumps(sa)), s)[1] for s in (1, 3, 5)] == [2, 8, 32]
     (tmp_path / "gone.json").rename(cfg)
     assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
     assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
@@ -302,7 +302,7 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     monkeypatch.setenv(config.EXPERIMENTAL_MIXED_TOPK_ENV, "1")
     cfg.write_text(json.dumps({**trees, **mixed}))
     sa = _args(*flags, "--speculative-num-steps", "3")
-    assert [(config.adaptive_topk(sa, s), config.adaptive_draft_tokens(sa, s)) for s in (0, 1, 3, 5)] == [
+    assert [config.adaptive_tree(sa, s) for s in (0, 1, 3, 5)] == [
         (8, 1), (1, 2), (1, 4), (8, 32)]
     assert sa.speculative_eagle_topk == 8 and sa.max_speculative_num_draft_tokens == 5 * 8
     refused("the tree entry [9, 4]", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": [9, 4], "5": 32}})

@@ -348,7 +348,7 @@ def test_an_adaptive_state_narrower_than_the_server_drafts_at_its_own_topk(fresh
     spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
     dw = _bound_draft_worker(w, batch)
     dw.server_args = SimpleNamespace(speculative_adaptive=True, speculative_eagle_topk=TOPK)
-    vars(dw.server_args)[config.RESOLVED_TOPK_ATTR] = {0: TOPK, 1: 1, 2: 2, 3: TOPK}
+    vars(dw.server_args)[config.RESOLVED_TREES_ATTR] = {0: (TOPK, 1), 1: (1, 2), 2: (2, 4), 3: (TOPK, 8)}
     for steps, n, k in ((1, 2, 1), (2, 4, 2), (3, 8, TOPK)):
         dw.speculative_num_steps, dw.speculative_num_draft_tokens = steps, n
         forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
@@ -576,7 +576,7 @@ def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
 
 def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch):
     """With topk > 1 SGLang's controller asks for steps + 1 draft tokens per candidate; each state is built with the
-    config file's (config.adaptive_draft_tokens), steps 0 with one."""
+    config file's (config.adaptive_tree), steps 0 with one."""
     built = []
     monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state",
                         lambda self, steps, n, cuda_graph_bs=None: built.append((steps, n)))
@@ -584,7 +584,7 @@ def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch)
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
-    vars(w.server_args)[config.RESOLVED_DRAFT_TOKENS_ATTR] = {0: 1, 1: 2, 3: 12}
+    vars(w.server_args)[config.RESOLVED_TREES_ATTR] = {0: (4, 1), 1: (4, 2), 3: (4, 12)}
     for steps in (0, 1, 3):
         w.build_adaptive_runtime_state(steps, steps + 1)
     assert built == [(0, 1), (1, 2), (3, 12)]
