@@ -14,9 +14,10 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
   force) takes the rate of the deepest depth observed, so unused candidates are still predicted. Steps 0 (no
   draft) commits 1 token.
 - ``cost(s, bs)``: :class:`CycleCost` holds the device time of each state's CUDA graphs at each captured batch
-  size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs)
-  measured online as the wall-clock cycle of the state in force minus its replay time, per batch bucket, and
-  shared by every candidate at that bucket.
+  size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs,
+  attention over real prefixes) measured online as the wall-clock cycle of the state in force minus its replay
+  time, per (state, batch bucket). A state never in force at a bucket is priced at its graphs alone (optimistic:
+  it is tried once when that makes it look best, then priced by what it did).
 
 Hysteresis: the policy re-decides every ``update_interval`` verifies, ignores the ``settle`` verifies after a switch
 (with overlap scheduling they may still come from the previous state), and switches only to a candidate worth
@@ -209,15 +210,17 @@ class CycleCost:
 
     ``replay``: {(steps, bs): ms} of the state's CUDA graphs at that batch size (a missing entry: that state runs
     eagerly there, priced as its nearest captured size scaled by the batch). ``alpha``: EMA weight of an online
-    measurement of the rest of the cycle.
+    measurement of the rest of the cycle, kept per (steps, bucket): what a state costs outside its graphs depends on
+    the state (steps 0 runs no tree bookkeeping, verify kernels or draft extend; a deep tree verifies more tokens
+    over the real prefixes than the replays price), so one state's rest says little about another's.
     """
 
     def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1, first: int = 3):
         self.replay = dict(replay)
         self.sizes = sorted({bs for _, bs in replay})
         self.alpha, self.first = alpha, first
-        self.rest: dict[int, float] = {}  # bucket -> ms of the cycle outside the graphs (EMA)
-        self._early: dict[int, list[float]] = {}  # a bucket's first samples
+        self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
+        self._early: dict[tuple[int, int], list[float]] = {}  # a state's first samples at a bucket
 
     def bucket(self, batch_size: int) -> int:
         """The captured batch size a batch pads to (the largest when beyond)."""
@@ -235,20 +238,24 @@ class CycleCost:
         return self.replay[steps, near] * bucket / near
 
     def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> None:
-        bucket = self.bucket(batch_size)
+        key = (steps, self.bucket(batch_size))
         rest = max(wall_ms - self.graphs_ms(steps, batch_size), 0.0)
-        early = self._early.setdefault(bucket, [])
+        early = self._early.setdefault(key, [])
         if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
             early.append(rest)      # against 5 ms at the first step of a batch size)
-            self.rest[bucket] = sorted(early)[(len(early) - 1) // 2]
+            self.rest[key] = sorted(early)[(len(early) - 1) // 2]
             return
-        old = self.rest.get(bucket)
+        old = self.rest.get(key)
         if old is not None and rest > 3 * old + 1.0:  # a prefill or a pause fell between the two steps
             return
-        self.rest[bucket] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
+        self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
+
+    def rest_ms(self, steps: int, batch_size: int) -> float:
+        """The state's learnt rest at the batch's bucket; 0 while it has never been in force there."""
+        return self.rest.get((steps, self.bucket(batch_size)), 0.0)
 
     def cost(self, steps: int, batch_size: int) -> float:
-        return self.graphs_ms(steps, batch_size) + self.rest.get(self.bucket(batch_size), 0.0)
+        return self.graphs_ms(steps, batch_size) + self.rest_ms(steps, batch_size)
 
 
 class CostAwarePolicy:
@@ -393,7 +400,7 @@ class CostAwarePolicy:
             out["depth_rates"] = [round(self.acceptance.rate(d), 3) for d in depths]
         if self.costs is not None:
             out["replay_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.replay.items())}
-            out["rest_ms"] = {str(bs): round(ms, 3) for bs, ms in sorted(self.costs.rest.items())}
+            out["rest_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.rest.items())}
         return out
 
 

@@ -61,15 +61,18 @@ def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
     assert c.bucket(1) == 1 and c.bucket(2) == 64 and c.bucket(500) == 64
     assert c.cost(3, 40) == 18.0
     c.observe_cycle(3, 64, 20.0)
-    assert c.rest[64] == 2.0 and c.cost(0, 64) == 10.0  # the rest is shared by every candidate at that size
+    assert c.rest[3, 64] == 2.0 and c.cost(3, 40) == 20.0
+    assert c.cost(0, 64) == 8.0 and c.cost(3, 1) == 8.5  # another state, another bucket: graphs alone until tried
     c.observe_cycle(3, 64, 108.0)  # the first samples' lower median: an early pause does not stick
-    assert c.rest[64] == 2.0
+    assert c.rest[3, 64] == 2.0
     c.observe_cycle(3, 64, 22.0)
-    assert c.rest[64] == 4.0
+    assert c.rest[3, 64] == 4.0
     c.observe_cycle(3, 64, 20.0)  # from the fourth sample on, an EMA
-    assert c.rest[64] == 3.0
+    assert c.rest[3, 64] == 3.0
     c.observe_cycle(3, 64, 80.0)  # a prefill fell between the steps: not a cycle
-    assert c.rest[64] == 3.0
+    assert c.rest[3, 64] == 3.0
+    c.observe_cycle(0, 64, 9.0)
+    assert c.rest[0, 64] == 1.0 and c.rest[3, 64] == 3.0  # each state its own rest
     sparse = CycleCost({(0, 8): 4.0, (3, 8): 6.0, (3, 32): 12.0})
     assert sparse.graphs_ms(0, 32) == 16.0  # steps 0 has no graph at 32: its 8 scaled by the batch
 
@@ -100,6 +103,31 @@ def test_low_acceptance_turns_speculation_off_when_it_costs_more_than_it_commits
     assert policy.current == 0
 
 
+def test_a_state_whose_rest_is_unknown_is_tried_then_priced_by_its_own_rest():
+    """Measured on an H200 (8B shapes, batch 64): a chain's cycle was its graphs + 8 ms, while steps 0 costs about
+    its graphs + 1 ms. With one rest shared by every state the chain's 8 ms was charged to steps 0 as well and the
+    policy kept the chain (0.87x no-spec); per state, steps 0 is tried and kept."""
+    now = [0.0]
+    policy = CostAwarePolicy([0, 3], 3, update_interval=1, settle=0, clock=lambda: now[0])
+    monkey = {0: 1.0, 3: 2.8}
+    policy.expected_tokens = monkey.get
+    policy.set_costs(CycleCost({(0, 64): 5.3, (3, 64): 13.5}))
+    rest = {0: 1.0, 3: 8.0}
+
+    def cycle():
+        policy.get_steps_for_batch(64)
+        now[0] += (policy.costs.graphs_ms(policy.current, 64) + rest[policy.current]) / 1e3
+
+    for _ in range(4):
+        cycle()
+    assert policy.current == 3 and policy.costs.rest[3, 64] == pytest.approx(8.0)
+    assert policy.on_verify_complete([2] * 64, 64) == 0  # 1 / 5.3 (rest unknown) beats 2.8 / 21.5
+    for _ in range(4):
+        cycle()
+        assert policy.on_verify_complete([0] * 64, 64) is None  # 1 / 6.3 still beats 2.8 / 21.5: kept
+    assert policy.current == 0 and policy.costs.rest[0, 64] == pytest.approx(1.0)
+
+
 def test_hysteresis_keeps_a_near_tie_and_settles_after_a_switch(monkeypatch):
     policy = CostAwarePolicy([1, 3], 1, update_interval=1, settle=2, margin=0.05)
     monkeypatch.setattr(policy.acceptance, "expected_tokens", {1: 2.0, 3: 3.0}.get)
@@ -121,11 +149,11 @@ def test_the_decode_clock_feeds_the_cost_of_the_state_in_force():
     for _ in range(5):
         assert policy.get_steps_for_batch(8) == 3
         now[0] += 0.012  # 12 ms cycles: 3 ms outside the graphs
-    assert policy.costs.rest[8] == pytest.approx(3.0)
+    assert policy.costs.rest[3, 8] == pytest.approx(3.0)
     policy.get_steps_for_batch(4)  # another batch size: no sample across the change
     now[0] += 0.5
     policy.get_steps_for_batch(8)
-    assert policy.costs.rest[8] == pytest.approx(3.0)
+    assert policy.costs.rest[3, 8] == pytest.approx(3.0) and (0, 8) not in policy.costs.rest
 
 
 class FakeWorker:
