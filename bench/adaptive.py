@@ -26,8 +26,9 @@ each (EOS ignored), after one warm-up request and one warm-up batch (adaptive se
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
 crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape, batch and card) with
 ``.md`` and ``.png`` beside it. On a host of several GPUs a sweep may run in lanes (``.ci/gpu-lanes``), each on its
-own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``card`` (``CUDA_VISIBLE_DEVICES``) and
-the report compares each system with the no-spec of its own card.
+own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``card`` (``CUDA_VISIBLE_DEVICES``, or
+``--card``: shares run in separate calls of one GPU each need their own label) and the report compares each system
+with the no-spec of its own card.
 """
 
 from __future__ import annotations
@@ -238,6 +239,9 @@ def parse_args(argv=None):
     parser.add_argument("--simulate-acc-len", type=float, default=3.5)
     parser.add_argument("--acceptance-profile", help="tree-aware simulated acceptance profile (bench/README.md) "
                         "instead of SGLang's --simulate-acc-len, e.g. llama31-8b-eagle3")
+    parser.add_argument("--card", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+                        help="the card label rows carry (default CUDA_VISIBLE_DEVICES): runs on several one-GPU "
+                             "machines, merged, need one label each (each compared with its own no-spec)")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
@@ -284,7 +288,7 @@ def main(argv=None):
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
                                      batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
-                                     card=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+                                     card=args.card,
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it
