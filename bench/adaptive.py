@@ -21,7 +21,8 @@ the tree-aware model of :mod:`sgl_eagle_triton.simulated_acceptance` instead (la
 acceptance instead (label ``"real:tiny-code-v1"``).
 
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
-each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there).
+each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there);
+batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
 crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape, batch and card) with
@@ -143,14 +144,29 @@ def prompts_for(batch: int, seed: int, real: bool) -> list:
     return [CODE_PROMPTS[(seed + i) % len(CODE_PROMPTS)] for i in range(batch)]
 
 
+# A batch smaller than this is measured over several rounds (batch 1: 8 requests one after another): one request's
+# simulated acceptance is noisy (H100 sweep 2026-11-27: two servers in the same 7-step chain at batch 1 accepted 3.56
+# and 4.34 tokens per verify over one 256-token request each, and their tok/s differed by exactly that ratio)
+MIN_REQUESTS = 8
+
+
+def rounds_for(batch: int) -> int:
+    return max(1, -(-MIN_REQUESTS // batch))
+
+
 def measure(url: str, batch: int, real: bool = False) -> dict:
+    """After a warm-up request and a warm-up batch, :func:`rounds_for` rounds of ``batch`` concurrent requests:
+    ``tok_per_s`` the mean over rounds of each round's :func:`tok_per_s`, ``accept_len`` the mean over requests."""
     timed_request(url, prompts_for(1, 99, real)[0])
-    prompts = prompts_for(batch, 0, real)
+    rounds = rounds_for(batch)
     with ThreadPoolExecutor(batch) as pool:
         list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 1, real)))  # warm-up batch
-        results = list(pool.map(lambda p: timed_request(url, p), prompts))
-    return {"tok_per_s": tok_per_s(results),
-            "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for r in results)}
+        results = [list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 0 if r == 0 else 100 + r, real)))
+                   for r in range(rounds)]
+    return {"tok_per_s": statistics.mean(tok_per_s(round_) for round_ in results),
+            "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for round_ in results
+                                          for r in round_),
+            "rounds": rounds}
 
 
 def card(r: dict) -> str:
@@ -187,9 +203,9 @@ def report(rows: list[dict]) -> str:
     cards = sorted({card(r) for r in rows})
     lines = [f"# Adaptive sweep on {rows[0]['gpu']}, SGLang {rows[0]['sglang_version']}", ""]
     if len(cards) > 1:
-        lines += [f"Systems ran in lanes on cards {', '.join(cards)} of one host at once, no-spec on each: "
-                  "`/ nospec` is against the same card's no-spec, and `/ best other` compares those ratios (each "
-                  "card's speed cancels).", ""]
+        lines += [f"Systems ran in shares labelled {', '.join(cards)} (lanes on cards of one host, or calls), no-spec "
+                  "in each: `/ nospec` is against the same share's no-spec, and `/ best other` compares those ratios "
+                  "(each card's speed cancels).", ""]
     lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
               "|---|---|---|---|---|---|---|"]
     for (batch, acceptance), group in sorted(by_batch.items()):

@@ -54,6 +54,24 @@ def test_tok_per_s_sums_each_requests_decode_rate():
     assert adaptive.tok_per_s(results) == 150.0
 
 
+def test_small_batches_run_rounds_of_at_least_eight_requests(monkeypatch):
+    """Batch 1 runs 8 rounds (one request's simulated acceptance is noisy), batch 3 three, batch 8 and up one;
+    tok/s is the mean of the rounds' rates, the accept length the mean over requests."""
+    assert [adaptive.rounds_for(b) for b in (1, 3, 4, 8, 64)] == [8, 3, 2, 1, 1]
+    sent = []
+
+    def fake(url, prompt):
+        sent.append(prompt)
+        n = len(sent)
+        return {"times": [0.0, 1.0], "meta": {"completion_tokens": 1 + 10 * n, "spec_accept_length": float(n)}}
+
+    monkeypatch.setattr(adaptive, "timed_request", fake)
+    result = adaptive.measure("http://x", 1)
+    assert len(sent) == 1 + 1 + 8 and result["rounds"] == 8  # warm-up request, warm-up batch, 8 rounds
+    assert result["tok_per_s"] == 10 * sum(range(3, 11)) / 8 and result["accept_len"] == sum(range(3, 11)) / 8
+    assert len({tuple(p) for p in sent[2:]}) == 8  # every round its own prompt
+
+
 def _row(system, batch, tps, shape=(None, None, None), acceptance="simulated:x"):
     return dict(system=system, steps=shape[0], topk=shape[1], draft_tokens=shape[2], batch=batch, tok_per_s=tps,
                 accept_len=2.0, acceptance=acceptance, gpu="GPU X", sglang_version="0.5.17")
@@ -88,7 +106,7 @@ def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, mo
     adaptive.main(["--merge", *map(str, paths), "--out", str(out)])
     assert len(json.loads(out.read_text())) == 4
     table = out.with_suffix(".md").read_text()
-    assert "lanes on cards 0, 1" in table
+    assert "shares labelled 0, 1" in table
     assert "| simulated:x | 8 | eagle_triton (3,1,4) [card 1] | 1650 | 2.00 | 1.50 | 1.00 |" in table
     assert "| simulated:x | 8 | eagle3 (3,1,4) [card 0] | 1500 | 2.00 | 1.50 | 1.00 |" in table
     assert "| simulated:x | 8 | nospec [card 0] | 1000 | 2.00 | - | 0.67 |" in table
