@@ -233,7 +233,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for r in rows:
         series.setdefault(label(r, cards), []).append((r["batch"], r["tok_per_s"]))
     line_plot(series, path, "output tok/s (whole batch)", f"{rows[0]['gpu']}, {rows[0]['acceptance']}", log_y=True,
-              dashed=lambda name: "adaptive" not in name)
+              dashed=lambda name: "(" in name or name.startswith("nospec"))  # static: dashed
 
 
 def save(path: Path, rows: list[dict]) -> None:
