@@ -19,6 +19,9 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
   time, per (state, batch bucket). A state never in force at a bucket is priced at its graphs alone (optimistic:
   it is tried once when that makes it look best, then priced by what it did).
 
+Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
+decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
+
 Hysteresis: the policy re-decides every ``update_interval`` verifies, ignores the ``settle`` verifies after a switch
 (with overlap scheduling they may still come from the previous state), and switches only to a candidate worth
 ``1 + margin`` times the current one. Every candidate gets graphs at every captured batch size (SGLang's brackets
@@ -265,8 +268,10 @@ class CostAwarePolicy:
 
     def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
                  margin: float = 0.05, clock=time.perf_counter, trees: dict[int, tuple[int, int]] | None = None,
-                 evidence: TreeEvidence | None = None):
+                 evidence: TreeEvidence | None = None, agree=None):
         self.candidate_steps = sorted(set(candidate_steps))
+        # agree(steps) -> the step count every rank adopts (rank 0's), called at every decision on every rank
+        self.agree = agree
         self.current = initial_steps
         # tree candidates (topk > 1): {steps: (topk, draft tokens)}, acceptance from the device evidence
         self.trees, self.evidence = trees, evidence
@@ -327,8 +332,12 @@ class CostAwarePolicy:
         if self.trees:
             self._refresh_trees()
         best = self.best(batch_size)
-        if best != self.current and self.value(best, batch_size) > (1 + self.margin) * self.value(self.current,
-                                                                                               batch_size):
+        if best == self.current or self.value(best, batch_size) <= (1 + self.margin) * self.value(self.current,
+                                                                                                batch_size):
+            best = self.current
+        if self.agree is not None:
+            best = self.agree(best)
+        if best != self.current:
             logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
                         "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
                         self.expected_tokens(best), self.costs.cost(self.current, batch_size),

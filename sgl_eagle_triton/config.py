@@ -209,10 +209,11 @@ def _check_adaptive(sa) -> None:
     if policy not in ADAPTIVE_POLICIES:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} {policy!r}",
                 f"Use one of {', '.join(ADAPTIVE_POLICIES)}.")
-    if policy == "cost" and sa.tp_size > 1:
-        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --tp {sa.tp_size} yet (each rank "
-                "would time its own cycles and could switch to another shape than the others)",
-                "Use the sglang policy (the same accept counts on every rank) or --tp 1.")
+    if policy == "cost" and sa.tp_size > 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+        _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --tp {sa.tp_size} without "
+                f"{EXPERIMENTAL_TP_ENV}=1 (every rank adopts rank 0's choice at each decision; not yet run on GPUs)",
+                f"Use the sglang policy (the same accept counts on every rank), --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 "
+                "for the trial.")
     if policy == "cost" and sa.disable_cuda_graph:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --disable-cuda-graph (it prices "
                 "each candidate by replaying its CUDA graphs)", "Drop --disable-cuda-graph or use the sglang policy.")

@@ -225,6 +225,15 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
         embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
 
 
+def rank_zero_decides(group):
+    """Under tensor parallelism, the cost policy's ``agree``: every rank adopts rank 0's step count, broadcast over
+    SGLang's TP CPU group (``GroupCoordinator.broadcast_object``; every rank reaches each decision at the same verify,
+    so the broadcasts pair up); None on one GPU."""
+    if group is None or group.world_size == 1:
+        return None
+    return lambda steps: int(group.broadcast_object(steps, src=0))
+
+
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _draft_kv = witnessed(FusedDrafter.draft_kv, DRAFT_KV_FILL)
@@ -420,7 +429,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             trees = {s: config.adaptive_tree(self.server_args, s) for s in candidates if s}
             evidence = TreeEvidence(max(candidates), self.topk, self.device)
             self._eagle_sample = with_tree_evidence(self._eagle_sample, evidence)
-        return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence)
+        runner = getattr(getattr(self, "draft_worker", None), "draft_runner", None)
+        return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence,
+                               agree=rank_zero_decides(getattr(runner, "tp_group", None)))
 
     def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per

@@ -128,6 +128,30 @@ def test_a_state_whose_rest_is_unknown_is_tried_then_priced_by_its_own_rest():
     assert policy.current == 0 and policy.costs.rest[0, 64] == pytest.approx(1.0)
 
 
+def test_tensor_parallel_ranks_adopt_rank_zeros_choice():
+    """Two ranks see the same verifies but time different cycles (rank 1's steps-0 cycles slower): alone they would
+    run different shapes; agreeing through rank 0 (what ``worker.rank_zero_decides`` broadcasts) they switch
+    together, at the same verify, to rank 0's choice."""
+    def ranks(agreed: bool):
+        policies, decided = [], []
+        for rank in range(2):
+            def agree(steps, rank=rank):
+                if rank == 0:
+                    decided.append(steps)
+                    return steps
+                return decided[-1]
+            policy = CostAwarePolicy([0, 3], 3, update_interval=1, settle=0, agree=agree if agreed else None)
+            policy.expected_tokens = {0: 1.0, 3: 2.8}.get
+            policy.set_costs(CycleCost({(0, 64): 4.0 if rank == 0 else 12.0, (3, 64): 13.5}))
+            policies.append(policy)
+        switched = [[p.on_verify_complete([2] * 64, 64) for p in policies] for _ in range(5)]
+        return [p.current for p in policies], switched
+
+    assert ranks(agreed=False)[0] == [0, 3]  # without agreement the ranks part ways
+    current, switched = ranks(agreed=True)
+    assert current == [0, 0] and switched[0] == [0, 0] and all(s == [None, None] for s in switched[1:])
+
+
 def test_hysteresis_keeps_a_near_tie_and_settles_after_a_switch(monkeypatch):
     policy = CostAwarePolicy([1, 3], 1, update_interval=1, settle=2, margin=0.05)
     monkeypatch.setattr(policy.acceptance, "expected_tokens", {1: 2.0, 3: 3.0}.get)

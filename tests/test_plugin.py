@@ -343,9 +343,13 @@ def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path, monkeypatch):
     assert config.adaptive_policy(_args("--speculative-adaptive")) == "sglang"
     with pytest.raises(EagleTritonConfigError, match="'cost' with --disable-cuda-graph"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--disable-cuda-graph")
-    # each TP rank would time its own cycles
-    with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 2"):
+    # each TP rank times its own cycles: rank 0 decides for all, a trial until run on GPUs
+    with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 2 without SGL_EAGLE_TRITON_EXPERIMENTAL_TP=1"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp", "2")
+    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
+    assert config.adaptive_policy(_args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp",
+                                        "2")) == "cost"
+    monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV)
     cfg.write_text(json.dumps({"eagle_triton_policy": "greedy", "1": {"candidate_steps": [0, 1]}}))
     with pytest.raises(EagleTritonConfigError, match="eagle_triton_policy 'greedy'"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))

@@ -615,3 +615,19 @@ def test_each_adaptive_state_captures_its_draft_extend_at_its_own_width(monkeypa
                         SimpleNamespace(cuda_graph_runner_for_draft_extend=SimpleNamespace(captured_req_width=4)))
     with pytest.raises(RuntimeError, match="captured its draft-extend graph 4 tokens wide, not its 8"):
         w.build_adaptive_runtime_state(7, 8)
+
+
+def test_rank_zero_decides_broadcasts_over_the_tp_cpu_group():
+    """The cost policy's ``agree`` under TP: SGLang's ``broadcast_object`` from rank 0 (here a fake group whose
+    rank 0 proposed 7); none on one GPU or without a group."""
+    class Group:
+        def __init__(self, world_size):
+            self.world_size, self.calls = world_size, []
+
+        def broadcast_object(self, obj, src=0):
+            self.calls.append((obj, src))
+            return 7
+
+    assert worker.rank_zero_decides(None) is None and worker.rank_zero_decides(Group(1)) is None
+    group = Group(2)
+    assert worker.rank_zero_decides(group)(3) == 7 and group.calls == [(3, 0)]
