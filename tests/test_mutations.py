@@ -23,6 +23,7 @@ from tests import (
     test_target_probs,
     test_tree_evidence,
     test_tree_sampling,
+    test_verify_attention,
     test_verify_greedy,
 )
 
@@ -182,6 +183,18 @@ def test_verify_greedy_accepting_one_token_fewer_fails(monkeypatch, device):
     monkeypatch.setattr(test_verify_greedy, "verify_tree_greedy", one_fewer)
     with pytest.raises(AssertionError):
         test_verify_greedy.test_chain_full_and_zero_acceptance(device, 11, 10)
+
+
+def test_verify_attention_dropping_the_tree_mask_fails(monkeypatch, device):
+    """The tree read as a chain (the mask dropped: causal over the draft tokens)."""
+    attend = test_verify_attention.verify_attention
+
+    def as_chain(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, *args, **kwargs):
+        return attend(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, None, None, *args, **kwargs)
+
+    monkeypatch.setattr(test_verify_attention, "verify_attention", as_chain)
+    with pytest.raises(AssertionError):
+        test_verify_attention.test_matches_reference(device, 3, [1, 37, 70], 6, 8, 2, 64, True, torch.bfloat16)
 
 
 def test_target_probs_ignoring_min_p_fails(monkeypatch, device):

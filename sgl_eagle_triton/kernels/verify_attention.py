@@ -1,0 +1,162 @@
+"""Attention of the target's verify forward: each request's draft tokens over its paged prefix and its tree.
+
+Request ``b`` has ``n_b = qo_indptr[b + 1] - qo_indptr[b]`` draft tokens (rows ``qo_indptr[b] ..`` of ``q``,
+``k_extend``, ``v_extend``) and a prefix of ``L_b = kv_indptr[b + 1] - kv_indptr[b]`` tokens whose KV-pool slots are
+``kv_indices[kv_indptr[b] ..]``. Draft token ``i`` attends every prefix token and the draft tokens ``j`` its tree
+allows: ``custom_mask[mask_indptr[b] + i * (L_b + n_b) + L_b + j]`` (SGLang's target-verify mask: one row of
+``L_b + n_b`` per draft token, the prefix columns ignored, as SGLang's extend kernel ignores them by default), or
+``j <= i`` without a mask (a chain, causal). This is what SGLang's ``extend_attention_fwd`` computes there.
+
+SGLang's extend kernel runs one program per (request, query head, 64 or 128 query rows): with a handful of draft
+tokens per request most rows are padding, and every query head re-reads its kv head's prefix. Here one program per
+(request, kv head, ``BLOCK_M`` rows) stacks the ``n_b`` draft tokens x ``Hq / Hkv`` query heads that share the kv
+head (row ``r``: token ``r // G``, head ``r % G``), so each prefix K/V block is read once per request and kv head,
+as SGLang's grouped decode kernel reads it for one token. One pass over the prefix then the tree, online softmax in
+fp32 (log2 domain); probabilities enter the P.V product in the pool's dtype, as in SGLang's kernel. A program's
+reduction order depends only on its own request, so results do not change with the batch around it.
+
+FP8 pools are not handled (the launcher refuses them; SGLang's kernel serves them): ``k_scale`` / ``v_scale``
+scale the prefix's scores / output as SGLang's kernel does for 16-bit pools with scales.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _verify_attention_kernel(
+    q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
+    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, mask_ptr, mask_indptr_ptr,
+    scale_log2, k_scale, v_scale, logit_cap,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_kbs, stride_kbh, stride_vbs, stride_vbh,
+    G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+    USE_MASK: tl.constexpr, HAS_CAP: tl.constexpr, DTYPE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    block = tl.program_id(2)
+    q_start = tl.load(qo_indptr_ptr + b)
+    n = tl.load(qo_indptr_ptr + b + 1) - q_start
+    if block * BLOCK_M >= n * G:
+        return
+    kv_start = tl.load(kv_indptr_ptr + b)
+    prefix = tl.load(kv_indptr_ptr + b + 1) - kv_start
+
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // G
+    head = kv_head * G + rows % G
+    row_ok = tok < n
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    # the prefix: every draft token sees all of it
+    cols = tl.arange(0, BLOCK_N)
+    start = 0
+    while start < prefix:  # (not range(): the interpreter cannot take tensor bounds)
+        col_ok = start + cols < prefix
+        loc = tl.load(kv_indices_ptr + kv_start + start + cols, mask=col_ok, other=0).to(tl.int64)
+        k = tl.load(k_buf_ptr + loc[None, :] * stride_kbs + kv_head * stride_kbh + d[:, None],
+                    mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
+        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * k_scale
+        if HAS_CAP:  # SGLang's tanh cap on the scaled scores
+            s = s * (scale_log2 / LOG2E)
+            s = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0) * LOG2E
+        else:
+            s = s * scale_log2
+        s = tl.where(col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_buf_ptr + loc[:, None] * stride_vbs + kv_head * stride_vbh + dv[None, :],
+                    mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        acc = acc * alpha[:, None] + mma(round_to(p, DTYPE), v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)) * v_scale
+        m_i = m_new
+        start += BLOCK_N
+
+    # the tree: draft token j as the mask (or causality) allows
+    ecols = tl.arange(0, BLOCK_E)
+    if USE_MASK:
+        mask_start = tl.load(mask_indptr_ptr + b)
+    start = 0
+    while start < n:
+        j = start + ecols
+        col_ok = j < n
+        if USE_MASK:
+            allowed = tl.load(mask_ptr + mask_start + tok[:, None].to(tl.int64) * (prefix + n) + prefix + j[None, :],
+                              mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+        else:
+            allowed = j[None, :] <= tok[:, None]
+        allowed = allowed & col_ok[None, :]
+        k = tl.load(k_ext_ptr + (q_start + j)[None, :] * stride_kt + kv_head * stride_kh + d[:, None],
+                    mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
+        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_E], tl.float32))
+        if HAS_CAP:
+            s = s * (scale_log2 / LOG2E)
+            s = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0) * LOG2E
+        else:
+            s = s * scale_log2
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ext_ptr + (q_start + j)[:, None] * stride_vt + kv_head * stride_vh + dv[None, :],
+                    mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        acc = acc * alpha[:, None] + mma(round_to(p, DTYPE), v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32))
+        m_i = m_new
+        start += BLOCK_E
+
+    out = round_to(acc / l_i[:, None], DTYPE)
+    tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
+             mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
+def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                     mask_indptr, max_len_extend: int, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
+    """Writes ``o`` and returns it.
+
+    q: [T, Hq, D], k_extend / v_extend: [T, Hkv, D] / [T, Hkv, DV] (the draft tokens' own K/V), o: [T, Hq, DV],
+    all one of MODEL_DTYPES; k_buffer / v_buffer: the KV pool [slots, Hkv, D] / [slots, Hkv, DV] in that dtype;
+    qo_indptr, kv_indptr: [bs + 1] int32/int64; kv_indices: the prefixes' pool slots; custom_mask: flat bool /
+    uint8 with mask_indptr [bs + 1] (module docstring), or None for causal chains; ``max_len_extend`` >= every
+    n_b. CUDA-graph safe: the grid depends on (bs, Hkv, max_len_extend) only.
+    """
+    if q.dtype not in MODEL_DTYPES or k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
+        raise ValueError(f"verify_attention: q and the pool in one of {MODEL_DTYPES}, got {q.dtype} / "
+                         f"{k_buffer.dtype}")
+    heads, kv_heads = q.shape[1], k_extend.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"verify_attention: {heads} query heads over {kv_heads} kv heads")
+    group, dim, dim_v = heads // kv_heads, q.shape[2], v_extend.shape[2]
+    bs = qo_indptr.shape[0] - 1
+    block_m = min(64, max(16, triton.next_power_of_2(max_len_extend * group)))
+    block_e = max(16, triton.next_power_of_2(min(max_len_extend, 64)))
+    grid = (bs, kv_heads, triton.cdiv(max_len_extend * group, block_m))
+    mask = custom_mask.view(torch.uint8) if custom_mask is not None and custom_mask.dtype == torch.bool else custom_mask
+    _verify_attention_kernel[grid](
+        q, k_extend, v_extend, o, k_buffer, v_buffer,
+        qo_indptr, kv_indptr, kv_indices, mask if mask is not None else qo_indptr,
+        mask_indptr if mask_indptr is not None else qo_indptr,
+        sm_scale * LOG2E, float(k_scale), float(v_scale), float(logit_cap),
+        q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1),
+        o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        G=group, D=dim, DV=dim_v, BLOCK_D=triton.next_power_of_2(dim), BLOCK_DV=triton.next_power_of_2(dim_v),
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, USE_MASK=mask is not None, HAS_CAP=logit_cap > 0,
+        DTYPE=tl_dtype(q.dtype), num_warps=4,
+    )
+    return o
