@@ -1,6 +1,7 @@
 """Micro-benchmarks: our Triton kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
 
-    python -m bench.kernels [--out bench/results]        (on a GPU with SGLang 0.5.17, from the repository root)
+    python -m bench.kernels [--out bench/results] [--verify-attention-only]   (on a GPU with SGLang 0.5.17, from
+                                                                             the repository root)
 
 Each row times one implementation of one op, median of ``triton.testing.do_bench``: ``eager_us``
 as served (a Python call with its launches and allocations), ``graph_us`` inside a CUDA graph
@@ -19,7 +20,14 @@ import torch
 import triton
 
 from sgl_eagle_triton import simulated_acceptance
-from sgl_eagle_triton.kernels import build_tree, simulated_walk, target_probs, tree_sampling, verify_greedy
+from sgl_eagle_triton.kernels import (
+    build_tree,
+    simulated_walk,
+    target_probs,
+    tree_sampling,
+    verify_attention,
+    verify_greedy,
+)
 from sgl_eagle_triton.testing import draft_tree
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -182,6 +190,49 @@ def bench_tree_sampling(bs, steps, topk, n, vocab=TARGET_VOCAB):
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
 
+def verify_attention_inputs(bs: int, n: int, prefix: int = MEAN_PREFIX, heads=(32, 8), dim=128):
+    """A target verify's attention inputs at Llama-3.1-8B shapes on one GPU: ``bs`` requests of ``prefix`` tokens
+    (pool slots shuffled) and ``n`` draft tokens in a random tree (SGLang's FULL_MASK rows, prefix columns True)."""
+    hq, hkv = heads
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    slots = bs * (prefix + n) + 1
+    pool = [torch.randn(slots, hkv, dim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
+    extend = [torch.randn(bs * n, h, dim, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hkv, hkv)]
+    kv_indices = torch.randperm(slots - 1, device="cuda", generator=gen)[:bs * prefix] + 1
+    kv_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * prefix
+    qo_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * n
+    parent = torch.randint(0, 1 << 30, (n,)) % torch.arange(1, n + 1).clamp_min(1)
+    tree = torch.eye(n, dtype=torch.uint8)
+    for i in range(1, n):
+        tree[i] |= tree[int(parent[i]) if parent[i] < i else 0]
+    rows = torch.cat([torch.ones(n, prefix, dtype=torch.uint8), tree], dim=1).flatten()
+    mask = rows.repeat(bs).cuda()
+    mask_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * rows.numel()
+    q, k_ext, v_ext = extend
+    return (q, k_ext, v_ext, torch.empty_like(q), *pool, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, n)
+
+
+def bench_verify_attention(bs, steps, topk, n):
+    """One layer of the target verify's attention, Llama-3.1-8B shapes, prefix MEAN_PREFIX: ours (grouped per kv head)
+    vs SGLang's two-stage extend kernel, which the triton backend runs there."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, n = verify_attention_inputs(bs, n)
+    scale = q.shape[2] ** -0.5
+    impls = {
+        "triton (ours)": lambda: verify_attention.verify_attention(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx,
+                                                                   mask, mask_indptr, n, scale),
+        "SGLang extend triton (stock)": lambda: extend_attention_fwd(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx,
+                                                                     mask, True, mask_indptr, n, 1.0, 1.0,
+                                                                     sm_scale=scale),
+    }
+    # the prefixes' K and V once per kv head; q, o and the draft tokens' K / V; the mask's tree part (its prefix
+    # columns are not read)
+    touched = (2 * 2 * bs * MEAN_PREFIX * k_buf.shape[1] * k_buf.shape[2] + 2 * 2 * (q.numel() + k_ext.numel())
+               + bs * n * n)
+    return {name: time_us(fn) for name, fn in impls.items()}, touched
+
+
 def cases(batches):
     """(steps, topk, draft tokens, batch) of every config at every batch size."""
     return [(steps, topk, n, bs) for steps, topk, n in CONFIGS for bs in batches]
@@ -194,6 +245,7 @@ OPS = [
     ("simulated_walk", bench_simulated_walk, cases(BATCHES)),
     ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
     ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
+    ("verify_attention", bench_verify_attention, cases(BATCHES) + [(3, 1, 4, bs) for bs in BATCHES]),
 ]
 
 
@@ -212,12 +264,14 @@ def gpu_run_setup(doc: str, switches: tuple[str, ...] = ()) -> tuple[Path, str, 
 def main():
     import sglang
 
-    out_dir, gpu, bandwidth, _ = gpu_run_setup(__doc__)
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only",))
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3
     rows = []
     for op, bench, op_cases in OPS:
+        if args.verify_attention_only and op != "verify_attention":
+            continue
         for steps, topk, n, bs in op_cases:
             timings, touched = bench(bs, steps, topk, n)
             floor_us = touched / bandwidth * 1e6
@@ -248,7 +302,11 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
         "logits, T 0.7, top_k 20, top_p 0.9; stock = softmax, sgl-kernel top_k_renorm_prob, top_p_renorm_prob.",
         "Ratio: ours / stock, eager.",
         "",
-        "| op | steps,topk,n | batch | ours | sgl-kernel CUDA | SGLang serial triton | ours/stock "
+        "Stock: sgl-kernel's CUDA op; for verify_attention SGLang's two-stage Triton extend kernel (what its",
+        "triton backend runs for a target verify), one layer at Llama-3.1-8B shapes (32 / 8 heads of 128) over",
+        f"{MEAN_PREFIX}-token prefixes.",
+        "",
+        "| op | steps,topk,n | batch | ours | stock | SGLang serial triton | ours/stock "
         "| ours graph / floor |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -262,7 +320,8 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
         return f"{r['eager_us']:.1f} / {r['graph_us']:.1f}" if r else "-"
 
     for (op, steps, topk, n, bs), g in groups.items():
-        ours, stock = g["triton (ours)"], g["sgl-kernel CUDA (stock)"]
+        ours = g["triton (ours)"]
+        stock = next(r for impl, r in g.items() if impl.endswith("(stock)"))
         serial = g.get("SGLang serial triton")
         lines.append(f"| {op} | {steps},{topk},{n} | {bs} | {cell(ours)} | {cell(stock)} | {cell(serial)} | "
                      f"{ours['eager_us'] / stock['eager_us']:.2f} | {ours['graph_over_floor']:.0f} |")

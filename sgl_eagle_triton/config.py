@@ -35,6 +35,9 @@ TESTED_TP_SIZES = (1, 2, 4)
 EXPERIMENTAL_MIXED_TOPK_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
 # Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
 # seconds (faulthandler), so that a hung server's log shows where each rank waits
+# The target verify's attention through our grouped Triton kernel (verify.TreeVerifyAttention): a trial until its
+# GPU runs (parity, e2e, benchmark)
+EXPERIMENTAL_VERIFY_ATTENTION_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION"
 STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
@@ -371,6 +374,7 @@ def _validate(sa) -> None:
     if reason is not None:
         _refuse(f"simulated acceptance here: {reason}", "Set both SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> and "
                 "SGL_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
+    _check_verify_attention_trial(sa)
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -378,6 +382,29 @@ def _validate(sa) -> None:
     if sa.kv_cache_dtype not in KV_CACHE_DTYPES:
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet (the draft attention reads 16-bit and FP8 pools)",
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
+
+
+def verify_attention_trial() -> bool:
+    """Whether the target verify attends through our kernel (:data:`EXPERIMENTAL_VERIFY_ATTENTION_ENV` = 1)."""
+    return os.environ.get(EXPERIMENTAL_VERIFY_ATTENTION_ENV) == "1"
+
+
+def _check_verify_attention_trial(sa) -> None:
+    """The trial replaces the Triton backend's verify attention for 16-bit, page-1 pools: refuse a server where it
+    would not run at all, rather than let it pretend."""
+    if not verify_attention_trial():
+        return
+    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
+    if backends != {"triton"}:
+        _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention "
+                "backend (the kernel replaces the triton backend's verify attention)",
+                f"Use --attention-backend triton, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")
+    if (sa.page_size or 1) > 1 or sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+        _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with --page-size {sa.page_size} / --kv-cache-dtype "
+                f"{sa.kv_cache_dtype} (the kernel reads 16-bit pools of page size 1)",
+                f"Use --page-size 1 and a 16-bit KV cache, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")
+    logger.warning("EAGLE_TRITON: %s is set (a trial): the target verify attends through our Triton kernel",
+                   EXPERIMENTAL_VERIFY_ATTENTION_ENV)
 
 
 def _check_topk_backend(sa, topk: int) -> set:

@@ -94,6 +94,21 @@ def report_kernels(result, scheduler, *args, **kwargs):
     return result
 
 
+VERIFY_BACKEND_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend"
+
+
+def verify_attention_backend(backend, model_runner, *args, **kwargs):
+    """After-hook on SGLang's ``ModelRunner._get_attention_backend``: under the verify-attention trial, an EAGLE_TRITON
+    target's Triton backend attends its verify through our kernel (before any CUDA graph is captured;
+    :func:`sgl_eagle_triton.verify.tree_verify_attention`); drafts and other algorithms keep SGLang's."""
+    if (config.verify_attention_trial() and not getattr(model_runner, "is_draft_worker", False)
+            and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME):
+        from sgl_eagle_triton.verify import tree_verify_attention
+
+        backend = tree_verify_attention(backend)
+    return backend
+
+
 def _register_hooks() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -105,6 +120,7 @@ def _register_hooks() -> None:
     HookRegistry.register(INTERNAL_STATE_TARGET, report_kernels, HookType.AFTER)
     HookRegistry.register(config.ADAPTIVE_REASON_TARGET, config.adaptive_reason, HookType.AROUND)
     HookRegistry.register(config.SHARED_LOGITS_ROWS_TARGET, config.shared_logits_rows, HookType.AFTER)
+    HookRegistry.register(VERIFY_BACKEND_TARGET, verify_attention_backend, HookType.AFTER)
 
 
 def _simulate_stock_acceptance() -> None:

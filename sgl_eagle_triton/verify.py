@@ -33,8 +33,10 @@ from sglang.srt.speculative import eagle_utils, spec_utils
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 from sgl_eagle_triton import ALGORITHM_NAME
+from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
+from sgl_eagle_triton.kernels.verify_attention import verify_attention
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
 
 logger = logging.getLogger(__name__)
@@ -206,6 +208,89 @@ class OneNodeVerifyAttention(TritonAttnBackend):
 def one_node_verify_attention(backend):
     """``backend`` attending as :class:`OneNodeVerifyAttention` if it is SGLang's Triton backend (its class swapped in
     place: only methods change), else ``backend`` unchanged (SGLang's verify attention)."""
+    if type(backend) is TreeVerifyAttention:  # steps 0 attends as a decode step, not through our verify kernel
+        backend.extend_attention_fwd = backend._sglang_extend_attention_fwd
+        backend.__class__ = TritonAttnBackend
     if type(backend) is TritonAttnBackend:
         backend.__class__ = OneNodeVerifyAttention
+    return backend
+
+
+TREE_VERIFY_ATTENTION = "triton verify_attention"
+
+
+class TreeVerifyAttention(TritonAttnBackend):
+    """SGLang's Triton attention backend whose target verify attends through our grouped kernel
+    (:mod:`sgl_eagle_triton.kernels.verify_attention`: one program per request, kv head and block of draft tokens x
+    query heads) instead of SGLang's extend kernel (one program per request and query head, its 64-128 query rows
+    mostly padding). Every other forward, and a verify the kernel does not serve (page size > 1, an FP8 or scaled
+    pool, sliding window, sinks, score mods, MLA, context parallelism), is SGLang's. Both of SGLang's paths are
+    covered: the two-stage ``extend_attention_fwd`` and, under ``--enable-deterministic-inference``, the unified
+    kernel (there the draft tokens' K/V are read back from the pool at ``out_cache_loc``, where SGLang has just
+    stored them). A trial: ``SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1``."""
+
+    _verify_layer = None  # the layer whose target verify is being computed (set around SGLang's forward_extend)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if not (forward_batch.forward_mode.is_target_verify() and save_kv_cache and self._serves(layer, kwargs)):
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        self._verify_layer = layer
+        try:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        finally:
+            self._verify_layer = None
+
+    def _serves(self, layer, kwargs) -> bool:
+        pool = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        return (self.page_size == 1 and self.dcp_size == 1 and not self.use_mla and layer.k_scale is None
+                and pool.dtype in MODEL_DTYPES and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
+                and kwargs.get("sinks") is None and kwargs.get("score_mod") is None
+                and getattr(layer, "xai_temperature_len", -1) in (None, -1) and not layer.is_cross_attention)
+
+    def _verify(self, q, k_extend, v_extend, o, layer, logit_cap: float):
+        meta = self.forward_metadata
+        if meta.custom_mask is None:  # SGLang's chains verify causally
+            mask, mask_indptr = None, None
+        else:
+            mask, mask_indptr = meta.custom_mask, meta.mask_indptr
+        if not RAN[TREE_VERIFY_ATTENTION]:
+            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, TREE_VERIFY_ATTENTION)
+        RAN[TREE_VERIFY_ATTENTION] += 1
+        return verify_attention(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim), k_extend, v_extend,
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, mask, mask_indptr, meta.max_extend_len, layer.scaling,
+            logit_cap=logit_cap)
+
+    def _extend_or_verify(self, q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                          causal, mask_indptr, max_extend_len, *args, **kwargs):
+        """Stands in for the instance's ``extend_attention_fwd`` (SGLang's two-stage path)."""
+        layer = self._verify_layer
+        if layer is None or (custom_mask is None and not causal):
+            return self._sglang_extend_attention_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                                                     custom_mask, causal, mask_indptr, max_extend_len, *args, **kwargs)
+        self._verify(q, k, v, o, layer, float(kwargs.get("logit_cap", 0.0) or 0.0))
+        return o
+
+    def _forward_extend_unified(self, q, o, layer, forward_batch, causal, logits_soft_cap, sinks, score_mod=None,
+                                aux_tensors=None):
+        if self._verify_layer is None or (self.forward_metadata.custom_mask is None and not causal):
+            return super()._forward_extend_unified(q, o, layer, forward_batch, causal, logits_soft_cap, sinks,
+                                                   score_mod=score_mod, aux_tensors=aux_tensors)
+        loc = forward_batch.out_cache_loc.long()
+        k_extend = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc]
+        v_extend = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[loc]
+        self._verify(q, k_extend, v_extend, o, layer, float(logits_soft_cap or 0.0))
+        return o
+
+
+def tree_verify_attention(backend):
+    """``backend`` attending as :class:`TreeVerifyAttention` if it is SGLang's Triton backend (its class swapped in
+    place, its ``extend_attention_fwd`` wrapped), else ``backend`` unchanged."""
+    if type(backend) is TritonAttnBackend:
+        backend.__class__ = TreeVerifyAttention
+        backend._sglang_extend_attention_fwd = backend.extend_attention_fwd
+        backend.extend_attention_fwd = backend._extend_or_verify
     return backend

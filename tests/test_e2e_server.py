@@ -255,3 +255,39 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path):
     # Every differing tree follows two of SGLang's candidate scores within 0.5 % of each other (a bf16 near-tie).
     assert report["same_tree_rate"] >= SAME_TREE_RATE[pair] - SAME_TREE_MARGIN, report
     assert report["differing_trees_max_min_rel_gap"] is None or report["differing_trees_max_min_rel_gap"] < 1e-2
+
+
+@pytest.mark.parametrize("parallel", ["tp1", "tp2"])
+def test_verify_attention_trial_is_lossless(parallel, tmp_path):
+    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1: the target verify attends through our kernel
+    (verify.TreeVerifyAttention). Pass, on the trained pair at a chain and a tree: tie-aware equal to no-spec, the
+    accept length within 2 % of the same shapes without the trial (the kernel only changes rounding), our kernel
+    counted in ``/server_info`` and no kernel error."""
+    from sgl_eagle_triton import config
+
+    target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
+    flags, env = _parallel(parallel)
+    trial = {**(env or {}), config.EXPERIMENTAL_VERIFY_ATTENTION_ENV: "1"}
+    servers = {"nospec": functools.partial(e2e_server, "va-nospec", target, flags, tmp_path, env=env)}
+    for steps, topk, n in CONFIGS:
+        spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
+                "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+                "--speculative-num-draft-tokens", str(n), *flags]
+        servers["trial", n] = functools.partial(e2e_server, f"va-trial-{n}", target, spec, tmp_path, env=trial)
+        servers["plain", n] = functools.partial(e2e_server, f"va-plain-{n}", target, spec, tmp_path, env=env)
+    keys = [("trial", n) for _, _, n in CONFIGS]
+    results, infos = serve_concurrently(servers, serve_all, keys, one_at_a_time=parallel != "tp1")
+    report = {}
+    for _, _, n in CONFIGS:
+        trial_result, plain = results["trial", n], results["plain", n]
+        report[n] = {"accept_length": {"trial": trial_result["accept_length"], "plain": plain["accept_length"]},
+                     "vs_nospec": verdicts(trial_result, results["nospec"]),
+                     "ran": infos["trial", n]["eagle_triton"]["ran"].get("triton verify_attention", 0)}
+    print(json.dumps(report, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-verify-attention-{parallel}.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    for n, entry in report.items():
+        assert not entry["vs_nospec"]["bugs"], (n, entry)
+        assert entry["accept_length"]["trial"] == pytest.approx(entry["accept_length"]["plain"], rel=0.02), (n, entry)
+        assert entry["ran"] > 0 and infos["trial", n]["eagle_triton"]["errors"] == [], (n, entry)

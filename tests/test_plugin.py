@@ -17,7 +17,7 @@ from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sgl_eagle_triton import config
+from sgl_eagle_triton import config, plugin
 from sgl_eagle_triton.config import EagleTritonConfigError
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
@@ -465,3 +465,41 @@ def test_stack_dump_diagnostics_arm_a_faulthandler_timer(monkeypatch):
     monkeypatch.setenv(config.STACK_DUMP_ENV, "120")
     plugin.register()
     assert armed == [(120.0, True)]
+
+
+def test_the_verify_attention_trial_starts_only_where_its_kernel_runs(monkeypatch):
+    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1: a triton, page-1, 16-bit server starts; another backend, a
+    paged or FP8 pool is refused (the kernel would never run there)."""
+    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+    _args("--attention-backend", "triton")
+    with pytest.raises(EagleTritonConfigError, match="with the flashinfer attention backend"):
+        _args("--attention-backend", "flashinfer")
+    with pytest.raises(EagleTritonConfigError, match="--page-size 16"):
+        _args("--attention-backend", "triton", "--page-size", "16")
+    with pytest.raises(EagleTritonConfigError, match="--kv-cache-dtype fp8_e4m3"):
+        _args("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")
+
+
+def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sgl_eagle_triton import verify
+
+    def runner(draft=False, algorithm="EAGLE_TRITON"):
+        return SimpleNamespace(is_draft_worker=draft, server_args=SimpleNamespace(speculative_algorithm=algorithm))
+
+    def fresh():
+        backend = TritonAttnBackend.__new__(TritonAttnBackend)
+        backend.extend_attention_fwd = "sglang's kernel"
+        return backend
+
+    assert type(plugin.verify_attention_backend(fresh(), runner())) is TritonAttnBackend  # no knob
+    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+    swapped = plugin.verify_attention_backend(fresh(), runner())
+    assert type(swapped) is verify.TreeVerifyAttention and swapped._sglang_extend_attention_fwd == "sglang's kernel"
+    assert type(plugin.verify_attention_backend(fresh(), runner(draft=True))) is TritonAttnBackend
+    assert type(plugin.verify_attention_backend(fresh(), runner(algorithm="EAGLE3"))) is TritonAttnBackend
+    other = SimpleNamespace()
+    assert plugin.verify_attention_backend(other, runner()) is other

@@ -95,12 +95,12 @@ def test_scales_and_logit_cap(device, k_scale, v_scale, logit_cap):
 
 
 def test_the_mask_decides_which_draft_tokens_are_seen(device):
-    """A tree whose mask the kernel misread (e.g. the prefix columns as the tree's) changes outputs far beyond
-    rounding: the same batch with every tree reduced to its chain of ancestors... here, to the root alone."""
+    """The tree's mask moves outputs far beyond rounding: the same batch with every draft token seeing only the root
+    and itself differs from the random trees by more than ten tolerances, and still matches the twin."""
     case = make_case(2, [10, 30], 6, 4, 1, 64, True, torch.bfloat16, seed=11)
     lone = dict(case)
     mask = case["custom_mask"].clone()
-    for b, (start, prefix) in enumerate(zip(case["mask_indptr"][:-1].tolist(), [10, 30], strict=True)):
+    for start, prefix in zip(case["mask_indptr"][:-1].tolist(), [10, 30], strict=True):
         rows = mask[start:start + 6 * (prefix + 6)].view(6, prefix + 6)
         rows[:, prefix:] = False
         rows[:, prefix] = True  # the root
@@ -129,3 +129,101 @@ def test_the_twin_is_sglangs_extend_attention(masked):
     sglang_out = o.float().cpu()
     assert (sglang_out - run(verify_attention_ref, case, "cpu")).abs().max() <= TOLERANCE[torch.bfloat16]
     assert (sglang_out - run(verify_attention, case, "cuda")).abs().max() <= TOLERANCE[torch.bfloat16]
+
+
+# --- the backend glue (sgl_eagle_triton.verify.TreeVerifyAttention) on the CPU, SGLang's forward_extend stubbed ---
+
+def _backend(case, monkeypatch, path):
+    """SGLang's Triton backend (uninitialised, the attributes the glue reads set from ``case``) swapped to
+    TreeVerifyAttention; its ``forward_extend`` stubbed as SGLang's does for a verify: the draft tokens' K/V stored
+    at ``out_cache_loc``, then the two-stage kernel (``path`` "two-stage") or the unified one ("unified")."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sgl_eagle_triton import verify
+
+    t, hkv, dim = case["k_extend"].shape
+    free = torch.arange(case["k_buffer"].shape[0])
+    loc = free[~torch.isin(free, case["kv_indices"])][-t:]  # the draft tokens' slots: none of a prefix's
+    pool = SimpleNamespace(k=case["k_buffer"].clone(), v=case["v_buffer"].clone())
+    pool.get_key_buffer = lambda layer_id: pool.k
+    pool.get_value_buffer = lambda layer_id: pool.v
+
+    def sglang_forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        pool.k[forward_batch.out_cache_loc] = k.view(-1, hkv, dim)
+        pool.v[forward_batch.out_cache_loc] = v.view(-1, hkv, dim)
+        o = torch.zeros_like(q)
+        meta = self.forward_metadata
+        if path == "unified":
+            return self._forward_extend_unified(q, o, layer, forward_batch, True, 0.0, None)
+        self.extend_attention_fwd(q.view(-1, layer.tp_q_head_num, dim), k.view(-1, hkv, dim), v.view(-1, hkv, dim),
+                                  o.view(-1, layer.tp_q_head_num, dim), pool.k, pool.v, meta.qo_indptr,
+                                  meta.kv_indptr, meta.kv_indices, meta.custom_mask, True, meta.mask_indptr,
+                                  meta.max_extend_len, 1.0, 1.0, layer.scaling, logit_cap=0.0)
+        return o
+
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", sglang_forward_extend)
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend.extend_attention_fwd = lambda *args, **kwargs: pytest.fail("SGLang's kernel ran for a served verify")
+    backend.token_to_kv_pool, backend.page_size, backend.dcp_size, backend.use_mla = pool, 1, 1, False
+    backend.forward_metadata = SimpleNamespace(
+        qo_indptr=case["qo_indptr"], kv_indptr=case["kv_indptr"], kv_indices=case["kv_indices"],
+        custom_mask=case["custom_mask"], mask_indptr=case["mask_indptr"], max_extend_len=case["max_len_extend"])
+    return verify.tree_verify_attention(backend), loc
+
+
+@pytest.mark.parametrize("path", ["two-stage", "unified"])
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
+    """A target verify through TreeVerifyAttention (either SGLang path) gives the twin's output and counts a run;
+    the draft tokens' K/V as SGLang stored them (the unified path reads them back from the pool)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sgl_eagle_triton import verify
+
+    case = make_case(2, [7, 30], 4, 8, 2, 64, masked, torch.bfloat16, seed=21, slots=120)
+    backend, loc = _backend(case, monkeypatch, path)
+    assert type(backend) is verify.TreeVerifyAttention
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=8, qk_head_dim=64, v_head_dim=64, scaling=case["sm_scale"],
+                            k_scale=None, sliding_window_size=-1, xai_temperature_len=-1, is_cross_attention=False)
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc)
+    before = verify.RAN[verify.TREE_VERIFY_ATTENTION]
+    out = backend.forward_extend(case["q"].view(8, -1), case["k_extend"].view(8, -1), case["v_extend"].view(8, -1),
+                                 layer, batch)
+    assert verify.RAN[verify.TREE_VERIFY_ATTENTION] == before + 1 and backend._verify_layer is None
+    want = run(verify_attention_ref, case, "cpu")
+    assert (out.view(8, 8, 64).float() - want).abs().max() <= TOLERANCE[torch.bfloat16]
+
+
+def test_the_backend_leaves_what_it_does_not_serve_to_sglang(monkeypatch):
+    """Other modes, an FP8 / scaled pool, a sliding window: SGLang's kernel; steps 0 (one_node_verify_attention)
+    undoes the swap."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sgl_eagle_triton import verify
+
+    case = make_case(1, [5], 2, 4, 1, 64, True, torch.bfloat16, seed=5, slots=40)
+    backend, loc = _backend(case, monkeypatch, "two-stage")
+    sglang_ran = []
+    backend._sglang_extend_attention_fwd = lambda *args, **kwargs: sglang_ran.append(1)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=4, qk_head_dim=64, v_head_dim=64, scaling=0.125, k_scale=None,
+                            sliding_window_size=-1, xai_temperature_len=-1, is_cross_attention=False)
+    q, k, v = case["q"].view(2, -1), case["k_extend"].view(2, -1), case["v_extend"].view(2, -1)
+    backend.forward_extend(q, k, v, layer, SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc))
+    backend.forward_extend(q, k, v, SimpleNamespace(**{**vars(layer), "k_scale": 0.5}),
+                           SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc))
+    backend.forward_extend(q, k, v, SimpleNamespace(**{**vars(layer), "sliding_window_size": 128}),
+                           SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc))
+    assert len(sglang_ran) == 3
+    backend = verify.one_node_verify_attention(backend)
+    assert type(backend) is verify.OneNodeVerifyAttention and backend.extend_attention_fwd == \
+        backend._sglang_extend_attention_fwd
+    other = SimpleNamespace()
+    assert verify.tree_verify_attention(other) is other
+    assert TritonAttnBackend is not verify.TreeVerifyAttention
