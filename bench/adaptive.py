@@ -175,7 +175,7 @@ def card(r: dict) -> str:
 
 
 def row_key(r: dict) -> tuple:
-    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r)
+    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r), r.get("env", "")
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -188,6 +188,8 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
+    if r.get("env"):
+        name = f"{name} {{{r['env']}}}"
     return f"{name} [card {card(r)}]" if cards else name
 
 
@@ -258,6 +260,8 @@ def parse_args(argv=None):
     parser.add_argument("--card", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
                         help="the card label rows carry (default CUDA_VISIBLE_DEVICES): runs on several one-GPU "
                              "machines, merged, need one label each (each compared with its own no-spec)")
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra environment of every server, e.g. a trial's knob (rows: 'env', part of their key)")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
@@ -295,7 +299,8 @@ def main(argv=None):
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
-                            args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {})})
+                            args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {}),
+                                               **dict(item.split("=", 1) for item in args.server_env)})
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
@@ -304,7 +309,7 @@ def main(argv=None):
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
                                      batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
-                                     card=args.card,
+                                     card=args.card, env=" ".join(args.server_env),
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it

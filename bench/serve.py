@@ -313,6 +313,8 @@ def parse_args(argv=None):
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="forward passes profiled per batch for the stage breakdown (0: none)")
     parser.add_argument("--server-flags", default="", help="extra flags for every server (rows keep them: 'flags')")
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra environment of every server, e.g. a trial's knob (rows keep it in 'flags')")
     parser.add_argument("--model", choices=list(MODELS), default="llama-3.1-8b",
                         help="target shapes (dummy weights) and its EAGLE-3 draft's (rows: 'model')")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
@@ -321,6 +323,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.tp > 1:  # rows are compared within one flag set: the TP size is part of it
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
+    args.env = dict(item.split("=", 1) for item in args.server_env)
+    args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
     for steps, topk, n in args.configs:
         if topk == 1 and n != steps + 1:
             parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")
@@ -348,7 +352,7 @@ def main(argv=None):
             name = f"{system}-{'-'.join(map(str, config))}"
             server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config),
                                                 *shlex.split(args.server_flags)], args.workdir,
-                            env={EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else None)
+                            env={**args.env, **({EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else {})})
             try:
                 server.wait_ready(900)
                 for batch in args.batches:
@@ -361,7 +365,7 @@ def main(argv=None):
                         except Exception as e:  # the cycle time stands without its breakdown
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, flags=args.server_flags, tp=args.tp, model=args.model,
+                                     batch=batch, flags=args.flags, tp=args.tp, model=args.model,
                                      draft_ms=draft_ms(stages),
                                      stages=stages,
                                      gpu=gpu,

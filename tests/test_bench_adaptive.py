@@ -111,3 +111,15 @@ def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, mo
     assert "| simulated:x | 8 | eagle3 (3,1,4) [card 0] | 1500 | 2.00 | 1.50 | 1.00 |" in table
     assert "| simulated:x | 8 | nospec [card 0] | 1000 | 2.00 | - | 0.67 |" in table
     assert plotted == [4]
+
+
+def test_rows_run_under_an_extra_environment_are_their_own_rows(tmp_path):
+    """``--server-env`` (e.g. a trial's knob): such rows keep ``env``, merge beside the plain ones and say so."""
+    path = tmp_path / "a.json"
+    plain = _row("eagle_triton_cost", 64, 9000.0)
+    trial = {**_row("eagle_triton_cost", 64, 9900.0), "env": "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"}
+    merged = adaptive.merge_rows(path, [_row("nospec", 64, 8000.0), plain, trial])
+    assert len(merged) == 3
+    table = adaptive.report(merged)
+    assert "| simulated:x | 64 | eagle_triton_cost {SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1} | 9900 |" in table
+    assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
