@@ -29,6 +29,28 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _scores(q, k, scale_log2, logit_cap, HAS_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``q @ k`` ([BLOCK_M, D] x [D, BLOCK_N]) scaled into the log2 domain, SGLang's tanh cap applied to the scaled
+    scores when ``HAS_CAP``."""
+    s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+    if HAS_CAP:
+        s = s * (scale_log2 / LOG2E)
+        return logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0) * LOG2E
+    return s * scale_log2
+
+
+@triton.jit
+def _accumulate(s, v, m_i, l_i, acc, v_scale, DTYPE: tl.constexpr):
+    """One online-softmax step over the scores ``s`` (log2 domain, -inf where not attended) and their values ``v``
+    (times ``v_scale``): the new (max, sum, accumulator); the probabilities enter P.V rounded to ``DTYPE``."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    pv = mma(round_to(p, DTYPE), v, tl.zeros(acc.shape, tl.float32))
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv * v_scale
+
+
+@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
     qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, mask_ptr, mask_indptr_ptr,
@@ -70,21 +92,11 @@ def _verify_attention_kernel(
         loc = tl.load(kv_indices_ptr + kv_start + start + cols, mask=col_ok, other=0).to(tl.int64)
         k = tl.load(k_buf_ptr + loc[None, :] * stride_kbs + kv_head * stride_kbh + d[:, None],
                     mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
-        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * k_scale
-        if HAS_CAP:  # SGLang's tanh cap on the scaled scores
-            s = s * (scale_log2 / LOG2E)
-            s = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0) * LOG2E
-        else:
-            s = s * scale_log2
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        s = tl.where(col_ok[None, :], _scores(q, k, scale_log2 * k_scale, logit_cap, HAS_CAP, BLOCK_M, BLOCK_N),
+                     float("-inf"))
         v = tl.load(v_buf_ptr + loc[:, None] * stride_vbs + kv_head * stride_vbh + dv[None, :],
                     mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
-        acc = acc * alpha[:, None] + mma(round_to(p, DTYPE), v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)) * v_scale
-        m_i = m_new
+        m_i, l_i, acc = _accumulate(s, v, m_i, l_i, acc, v_scale, DTYPE)
         start += BLOCK_N
 
     # the tree: draft token j as the mask (or causality) allows
@@ -103,21 +115,10 @@ def _verify_attention_kernel(
         allowed = allowed & col_ok[None, :]
         k = tl.load(k_ext_ptr + (q_start + j)[None, :] * stride_kt + kv_head * stride_kh + d[:, None],
                     mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
-        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_E], tl.float32))
-        if HAS_CAP:
-            s = s * (scale_log2 / LOG2E)
-            s = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0) * LOG2E
-        else:
-            s = s * scale_log2
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        s = tl.where(allowed, _scores(q, k, scale_log2, logit_cap, HAS_CAP, BLOCK_M, BLOCK_E), float("-inf"))
         v = tl.load(v_ext_ptr + (q_start + j)[:, None] * stride_vt + kv_head * stride_vh + dv[None, :],
                     mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
-        acc = acc * alpha[:, None] + mma(round_to(p, DTYPE), v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32))
-        m_i = m_new
+        m_i, l_i, acc = _accumulate(s, v, m_i, l_i, acc, 1.0, DTYPE)
         start += BLOCK_E
 
     out = round_to(acc / l_i[:, None], DTYPE)
