@@ -400,7 +400,7 @@ def _check_verify_attention_trial(sa) -> None:
         _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention "
                 "backend (the kernel replaces the triton backend's verify attention)",
                 f"Use --attention-backend triton, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")
-    if (sa.page_size or 1) > 1 or sa.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+    if (sa.page_size or 1) > 1 or sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "float16"):
         _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with --page-size {sa.page_size} / --kv-cache-dtype "
                 f"{sa.kv_cache_dtype} (the kernel reads 16-bit pools of page size 1)",
                 f"Use --page-size 1 and a 16-bit KV cache, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")

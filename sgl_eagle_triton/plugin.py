@@ -94,14 +94,18 @@ def report_kernels(result, scheduler, *args, **kwargs):
     return result
 
 
-VERIFY_BACKEND_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend"
+# every attention backend SGLang 0.5.17 builds (the model runner's at start-up, each adaptive state's) comes from here
+VERIFY_BACKEND_TARGET = ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
+                         "_build_resolved_backend")
 
 
-def verify_attention_backend(backend, model_runner, *args, **kwargs):
-    """After-hook on SGLang's ``ModelRunner._get_attention_backend``: under the verify-attention trial, an EAGLE_TRITON
-    target's Triton backend attends its verify through our kernel (before any CUDA graph is captured;
-    :func:`sgl_eagle_triton.verify.tree_verify_attention`); drafts and other algorithms keep SGLang's."""
-    if (config.verify_attention_trial() and not getattr(model_runner, "is_draft_worker", False)
+def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
+    """After-hook on SGLang's ``attention_backend_setup._build_resolved_backend`` (keyword ``model_runner``): under the
+    verify-attention trial, an EAGLE_TRITON target's Triton backend attends its verify through our kernel (before any
+    CUDA graph is captured; :func:`sgl_eagle_triton.verify.tree_verify_attention`); drafts and other algorithms keep
+    SGLang's. The worker refuses to start if the target's backend was not swapped."""
+    if (model_runner is not None and config.verify_attention_trial()
+            and not getattr(model_runner, "is_draft_worker", False)
             and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME):
         from sgl_eagle_triton.verify import tree_verify_attention
 

@@ -226,30 +226,35 @@ class TreeVerifyAttention(TritonAttnBackend):
     mostly padding). Every other forward, and a verify the kernel does not serve (page size > 1, an FP8 or scaled
     pool, sliding window, sinks, score mods, MLA, context parallelism), is SGLang's. Both of SGLang's paths are
     covered: the two-stage ``extend_attention_fwd`` and, under ``--enable-deterministic-inference``, the unified
-    kernel (there the draft tokens' K/V are read back from the pool at ``out_cache_loc``, where SGLang has just
-    stored them). A trial: ``SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1``."""
+    kernel (which reads the draft tokens' K/V back from the pool; ours takes them as SGLang stored them). A trial:
+    ``SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1``."""
 
     _verify_layer = None  # the layer whose target verify is being computed (set around SGLang's forward_extend)
+    _verify_kv = None  # and its draft tokens' own K / V, [T, Hkv, D] each
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        if not (forward_batch.forward_mode.is_target_verify() and save_kv_cache and self._serves(layer, kwargs)):
+        if not (forward_batch.forward_mode.is_target_verify() and save_kv_cache and self._serves(layer, q, kwargs)):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         self._verify_layer = layer
+        self._verify_kv = (k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                           v.view(-1, layer.tp_v_head_num, layer.v_head_dim))
         try:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         finally:
-            self._verify_layer = None
+            self._verify_layer = self._verify_kv = None
 
-    def _serves(self, layer, kwargs) -> bool:
+    def _serves(self, layer, q, kwargs) -> bool:
         pool = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         return (self.page_size == 1 and self.dcp_size == 1 and not self.use_mla and layer.k_scale is None
-                and pool.dtype in MODEL_DTYPES and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
+                and q.dtype in MODEL_DTYPES and pool.dtype == q.dtype
+                and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
                 and kwargs.get("sinks") is None and kwargs.get("score_mod") is None
                 and getattr(layer, "xai_temperature_len", -1) in (None, -1) and not layer.is_cross_attention)
 
+    @torch.compiler.disable  # as SGLang's own kernels (under --enable-torch-compile nothing here is traced)
     def _verify(self, q, k_extend, v_extend, o, layer, logit_cap: float):
         meta = self.forward_metadata
-        if meta.custom_mask is None:  # SGLang's chains verify causally
+        if meta.custom_mask is None:  # SGLang 0.5.17 always builds a mask for EAGLE; causal if it ever does not
             mask, mask_indptr = None, None
         else:
             mask, mask_indptr = meta.custom_mask, meta.mask_indptr
@@ -279,10 +284,7 @@ class TreeVerifyAttention(TritonAttnBackend):
         if self._verify_layer is None or (self.forward_metadata.custom_mask is None and not causal):
             return super()._forward_extend_unified(q, o, layer, forward_batch, causal, logits_soft_cap, sinks,
                                                    score_mod=score_mod, aux_tensors=aux_tensors)
-        loc = forward_batch.out_cache_loc.long()
-        k_extend = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc]
-        v_extend = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[loc]
-        self._verify(q, k_extend, v_extend, o, layer, float(logits_soft_cap or 0.0))
+        self._verify(q, *self._verify_kv, o, layer, float(logits_soft_cap or 0.0))  # the K / V SGLang just stored
         return o
 
 

@@ -62,7 +62,14 @@ from sgl_eagle_triton.drafter import (
 )
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY, VERIFY_SAMPLING, one_node_verify_attention, witnessed
+from sgl_eagle_triton.verify import (
+    RAN,
+    VERIFY_GREEDY,
+    VERIFY_SAMPLING,
+    TreeVerifyAttention,
+    one_node_verify_attention,
+    witnessed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +230,17 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
         all_reduce=lambda t: t.copy_(group.all_reduce(t)),
         all_gather=lambda t: group.all_gather(t.unsqueeze(0).contiguous(), dim=0),
         embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
+
+
+def check_verify_attention(backend) -> None:
+    """Under the verify-attention trial, refuse to start (RuntimeError) unless the target's attention backend is ours
+    (:class:`~sgl_eagle_triton.verify.TreeVerifyAttention`, swapped in by the plugin's hook when SGLang built it):
+    the trial must not run SGLang's verify attention under its name."""
+    if config.verify_attention_trial() and not isinstance(backend, TreeVerifyAttention):
+        raise RuntimeError(
+            f"{ALGORITHM_NAME}: {config.EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1, but the target's attention backend is "
+            f"{type(backend).__name__}, not ours (the hook on SGLang {sglang.__version__}'s "
+            "_build_resolved_backend did not reach it). Unset the variable.")
 
 
 def rank_zero_decides(group):
@@ -402,6 +420,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self._eagle_sample = our_eagle_sample()
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
+        check_verify_attention(self.target_worker.model_runner.attn_backend)
         logger.info(
             "%s (%s draft, steps=%d topk=%d draft_tokens=%d): %s",
             ALGORITHM_NAME,

@@ -2,9 +2,10 @@
 
 The Triton interpreter (``TRITON_INTERPRET=1``, CPU CI) skips the compiler's checks (e.g. a loop-carried variable
 whose type changes in a ``while`` loop), so a kernel can pass every CPU test and fail to compile on the GPU.
-:func:`record` (installed by tests/conftest.py) notes each kernel's first launch: its module, name, argument types
-and constexpr values, and launch options. :func:`compile_all` compiles those in a fresh process without the
-interpreter, as ``triton.compile`` does on a GPU host (ptx and cubin for sm_90a; Triton's bundled ptxas).
+:func:`record` (installed by tests/conftest.py) notes each kernel's launches with distinct constexpr values (up to
+:data:`MAX_VARIANTS`): its module, name, argument types and constexpr values, and launch options.
+:func:`compile_all` compiles those in a fresh process without the interpreter, as ``triton.compile`` does on a GPU
+host (ptx and cubin for sm_90a; Triton's bundled ptxas).
 """
 
 from __future__ import annotations
@@ -54,10 +55,16 @@ def _from_json(value):
     return tl.dtype(value["tl_dtype"]) if isinstance(value, dict) and "tl_dtype" in value else value
 
 
+# Specializations compiled per kernel at most: each distinct set of constexpr values that ran (a variant's code, e.g.
+# a logit cap, may compile differently), the first few of them
+MAX_VARIANTS = 6
+
+
 def record(function, args, kwargs) -> None:
-    """Notes the launch of ``function`` (an interpreted kernel's Python function) with ``args`` / ``kwargs``."""
-    key = f"{function.__module__}.{function.__qualname__}"
-    if key in RECORDS or not function.__module__.startswith("sgl_eagle_triton"):
+    """Notes the launch of ``function`` (an interpreted kernel's Python function) with ``args`` / ``kwargs``: once
+    per distinct set of constexpr values, up to :data:`MAX_VARIANTS` per kernel."""
+    kernel = f"{function.__module__}.{function.__qualname__}"
+    if not function.__module__.startswith("sgl_eagle_triton"):
         return
     params = inspect.signature(function).parameters
     bound = dict(zip(params, args, strict=False))
@@ -69,6 +76,9 @@ def record(function, args, kwargs) -> None:
             signature[name], constexprs[name] = "constexpr", _constexpr(value)
         else:
             signature[name] = _type(value)
+    key = f"{kernel}|{json.dumps(constexprs, sort_keys=True, default=str)}"
+    if key in RECORDS or sum(k.startswith(f"{kernel}|") for k in RECORDS) >= MAX_VARIANTS:
+        return
     RECORDS[key] = dict(module=function.__module__, name=function.__name__, signature=signature,
                         constexprs=constexprs, options={k: kwargs[k] for k in OPTIONS if k in kwargs})
 

@@ -27,7 +27,7 @@ def pytest_sessionfinish(session, exitstatus):
     failures = compile_check.compile_all(compile_check.RECORDS)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"compile check: {len(compile_check.RECORDS)} kernels for sm_90, "
+        reporter.write_line(f"compile check: {len(compile_check.RECORDS)} kernel variants for sm_90, "
                             f"{len(failures)} failed")
         for line in failures:
             reporter.write_line(f"  {line}")

@@ -495,11 +495,29 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
         backend.extend_attention_fwd = "sglang's kernel"
         return backend
 
-    assert type(plugin.verify_attention_backend(fresh(), runner())) is TritonAttnBackend  # no knob
+    def hook(backend, **kwargs):  # as SGLang calls the hooked function: keywords only
+        return plugin.verify_attention_backend(backend, resolved=None, init_new_workspace=False, **kwargs)
+
+    assert type(hook(fresh(), model_runner=runner())) is TritonAttnBackend  # no knob
     monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
-    swapped = plugin.verify_attention_backend(fresh(), runner())
+    swapped = hook(fresh(), model_runner=runner())
     assert type(swapped) is verify.TreeVerifyAttention and swapped._sglang_extend_attention_fwd == "sglang's kernel"
-    assert type(plugin.verify_attention_backend(fresh(), runner(draft=True))) is TritonAttnBackend
-    assert type(plugin.verify_attention_backend(fresh(), runner(algorithm="EAGLE3"))) is TritonAttnBackend
+    assert type(hook(fresh(), model_runner=runner(draft=True))) is TritonAttnBackend
+    assert type(hook(fresh(), model_runner=runner(algorithm="EAGLE3"))) is TritonAttnBackend
     other = SimpleNamespace()
-    assert plugin.verify_attention_backend(other, runner()) is other
+    assert hook(other, model_runner=runner()) is other
+
+
+def test_every_attention_backend_sglang_builds_passes_the_verify_attention_hook():
+    """SGLang 0.5.17 builds the model runner's backend (start-up) and each adaptive state's through
+    ``_build_resolved_backend``, the hooked function: were that to change, the trial would not reach the target
+    (the worker then refuses to start: test_worker)."""
+    import importlib
+
+    from sgl_eagle_triton.worker import reaches
+
+    module_path, name = plugin.VERIFY_BACKEND_TARGET.rsplit(".", 1)
+    module = importlib.import_module(module_path)
+    assert callable(getattr(module, name))
+    assert reaches(module.build_attention_backends, module, name)
+    assert reaches(module.get_attention_backend, module, name)

@@ -3,9 +3,10 @@ its twin, and the twin against SGLang's ``extend_attention_fwd`` (what it replac
 
 Pass: outputs within the measured bf16 / fp16 error of the twin (the kernel rounds the probabilities to the pool's
 dtype before P.V, as SGLang's kernel does) on random batches: batch 1, ragged prefixes, one draft token, chains
-(causal, no mask) and random trees, grouped heads 1 / 4, head dims not a power of two; the mask's prefix columns
-are random and must be ignored; pool slots permuted. The twin equals SGLang's kernel (interpreted, fp32) within
-fp32 rounding.
+(causal, no mask) and random trees, more draft tokens than a tree block, grouped heads 1 / 3 / 4, head dims not a
+power of two; the mask's prefix columns
+are random and must be ignored; pool slots permuted. On a GPU the twin and the kernel also equal SGLang's extend
+kernel within bf16 rounding (SGLang's kernel cannot run under the interpreter).
 """
 
 import pytest
@@ -21,6 +22,7 @@ CASES = [
     (2, [9, 20], 1, 4, 4, 64, True),       # one draft token (steps 0), no grouping
     (4, None, 4, 8, 2, 64, False),         # chains: causal, no mask
     (2, [33, 65], 20, 4, 1, 80, True),     # 20 tokens x 4 heads: two row blocks; head dim not a power of two
+    (1, [40], 72, 6, 2, 64, True),         # 72 tokens: two tree blocks; 3 heads a kv head, split across row blocks
 ]
 
 
@@ -176,8 +178,7 @@ def _backend(case, monkeypatch, path):
 @pytest.mark.parametrize("path", ["two-stage", "unified"])
 @pytest.mark.parametrize("masked", [True, False])
 def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
-    """A target verify through TreeVerifyAttention (either SGLang path) gives the twin's output and counts a run;
-    the draft tokens' K/V as SGLang stored them (the unified path reads them back from the pool)."""
+    """A target verify through TreeVerifyAttention (either SGLang path) gives the twin's output and counts a run."""
     from types import SimpleNamespace
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -187,8 +188,9 @@ def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
     case = make_case(2, [7, 30], 4, 8, 2, 64, masked, torch.bfloat16, seed=21, slots=120)
     backend, loc = _backend(case, monkeypatch, path)
     assert type(backend) is verify.TreeVerifyAttention
-    layer = SimpleNamespace(layer_id=0, tp_q_head_num=8, qk_head_dim=64, v_head_dim=64, scaling=case["sm_scale"],
-                            k_scale=None, sliding_window_size=-1, xai_temperature_len=-1, is_cross_attention=False)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=8, tp_k_head_num=2, tp_v_head_num=2, qk_head_dim=64,
+                            v_head_dim=64, scaling=case["sm_scale"], k_scale=None, sliding_window_size=-1,
+                            xai_temperature_len=-1, is_cross_attention=False)
     batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc)
     before = verify.RAN[verify.TREE_VERIFY_ATTENTION]
     out = backend.forward_extend(case["q"].view(8, -1), case["k_extend"].view(8, -1), case["v_extend"].view(8, -1),
@@ -212,8 +214,9 @@ def test_the_backend_leaves_what_it_does_not_serve_to_sglang(monkeypatch):
     backend, loc = _backend(case, monkeypatch, "two-stage")
     sglang_ran = []
     backend._sglang_extend_attention_fwd = lambda *args, **kwargs: sglang_ran.append(1)
-    layer = SimpleNamespace(layer_id=0, tp_q_head_num=4, qk_head_dim=64, v_head_dim=64, scaling=0.125, k_scale=None,
-                            sliding_window_size=-1, xai_temperature_len=-1, is_cross_attention=False)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=4, tp_k_head_num=1, tp_v_head_num=1, qk_head_dim=64,
+                            v_head_dim=64, scaling=0.125, k_scale=None, sliding_window_size=-1, xai_temperature_len=-1,
+                            is_cross_attention=False)
     q, k, v = case["q"].view(2, -1), case["k_extend"].view(2, -1), case["v_extend"].view(2, -1)
     backend.forward_extend(q, k, v, layer, SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc))
     backend.forward_extend(q, k, v, SimpleNamespace(**{**vars(layer), "k_scale": 0.5}),

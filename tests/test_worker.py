@@ -631,3 +631,18 @@ def test_rank_zero_decides_broadcasts_over_the_tp_cpu_group():
     assert worker.rank_zero_decides(None) is None and worker.rank_zero_decides(Group(1)) is None
     group = Group(2)
     assert worker.rank_zero_decides(group)(3) == 7 and group.calls == [(3, 0)]
+
+
+def test_the_verify_attention_trial_refuses_to_start_without_our_backend(monkeypatch):
+    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1 and a target backend the hook did not swap: refuse to start,
+    rather than run SGLang's verify attention under the trial's name."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    plain = TritonAttnBackend.__new__(TritonAttnBackend)
+    worker.check_verify_attention(plain)  # no trial: nothing to check
+    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+    with pytest.raises(RuntimeError, match="not ours"):
+        worker.check_verify_attention(plain)
+    ours = TritonAttnBackend.__new__(TritonAttnBackend)
+    ours.extend_attention_fwd = "SGLang's kernel"  # set by TritonAttnBackend.__init__
+    worker.check_verify_attention(verify.tree_verify_attention(ours))

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jitted code reads no plain Python globals
 
 
 @triton.jit
@@ -153,11 +153,11 @@ def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv
         q, k_extend, v_extend, o, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices, mask if mask is not None else qo_indptr,
         mask_indptr if mask_indptr is not None else qo_indptr,
-        sm_scale * LOG2E, float(k_scale), float(v_scale), float(logit_cap),
+        sm_scale * LOG2E.value, float(k_scale), float(v_scale), float(logit_cap),
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1),
         o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         G=group, D=dim, DV=dim_v, BLOCK_D=triton.next_power_of_2(dim), BLOCK_DV=triton.next_power_of_2(dim_v),
         BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, USE_MASK=mask is not None, HAS_CAP=logit_cap > 0,
-        DTYPE=tl_dtype(q.dtype), num_warps=4,
+        DTYPE=tl_dtype(q.dtype), num_warps=8 if dim >= 128 else 4,  # D 128 at 4 warps: ptxas spilled (sm_90a)
     )
     return o
