@@ -9,14 +9,15 @@ starts (launcher, engine, schedulers), so registration is idempotent and light: 
 :func:`sgl_eagle_triton.config.current_draft_kind`), and predicates ``CustomSpecAlgo`` lacks are
 taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
 
-It also registers two hooks through SGLang's plugin hook registry (applied by ``load_plugins`` in every
+It also registers hooks through SGLang's plugin hook registry (applied by ``load_plugins`` in every
 process, in a scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`,
 which sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
 and row overwrite near the context limit; other algorithms are left as they are), :func:`report_kernels`,
 which adds the worker's kernel report to ``/server_info``, :func:`sgl_eagle_triton.config.adaptive_reason`,
 which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules, and
 :func:`sgl_eagle_triton.config.shared_logits_rows`, which sizes the target's shared CUDA-graph logits buffer for the
-widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too).
+widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too), and :func:`verify_attention_backend`,
+which under the verify-attention trial swaps an EAGLE_TRITON target's Triton backend for ours.
 """
 
 from __future__ import annotations
