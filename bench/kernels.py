@@ -28,7 +28,7 @@ from sgl_eagle_triton.kernels import (
     verify_attention,
     verify_greedy,
 )
-from sgl_eagle_triton.testing import draft_tree
+from sgl_eagle_triton.testing import draft_tree, random_tree_mask
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32, 64]
@@ -190,9 +190,10 @@ def bench_tree_sampling(bs, steps, topk, n, vocab=TARGET_VOCAB):
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
 
-def verify_attention_inputs(bs: int, n: int, prefix: int = MEAN_PREFIX, heads=(32, 8), dim=128):
+def verify_attention_inputs(bs: int, n: int, chain: bool, prefix: int = MEAN_PREFIX, heads=(32, 8), dim=128):
     """A target verify's attention inputs at Llama-3.1-8B shapes on one GPU: ``bs`` requests of ``prefix`` tokens
-    (pool slots shuffled) and ``n`` draft tokens in a random tree (SGLang's FULL_MASK rows, prefix columns True)."""
+    (pool slots shuffled) and ``n`` draft tokens in a random tree, or a ``chain`` (SGLang's FULL_MASK rows, prefix
+    columns True)."""
     hq, hkv = heads
     gen = torch.Generator(device="cuda").manual_seed(0)
     slots = bs * (prefix + n) + 1
@@ -201,11 +202,8 @@ def verify_attention_inputs(bs: int, n: int, prefix: int = MEAN_PREFIX, heads=(3
     kv_indices = torch.randperm(slots - 1, device="cuda", generator=gen)[:bs * prefix] + 1
     kv_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * prefix
     qo_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * n
-    parent = torch.randint(0, 1 << 30, (n,)) % torch.arange(1, n + 1).clamp_min(1)
-    tree = torch.eye(n, dtype=torch.uint8)
-    for i in range(1, n):
-        tree[i] |= tree[int(parent[i]) if parent[i] < i else 0]
-    rows = torch.cat([torch.ones(n, prefix, dtype=torch.uint8), tree], dim=1).flatten()
+    tree = torch.ones(n, n, dtype=torch.bool).tril() if chain else random_tree_mask(n, torch.Generator().manual_seed(0))
+    rows = torch.cat([torch.ones(n, prefix, dtype=torch.bool), tree], dim=1).to(torch.uint8).flatten()
     mask = rows.repeat(bs).cuda()
     mask_indptr = torch.arange(bs + 1, device="cuda", dtype=torch.int32) * rows.numel()
     q, k_ext, v_ext = extend
@@ -217,7 +215,7 @@ def bench_verify_attention(bs, steps, topk, n):
     vs SGLang's two-stage extend kernel, which the triton backend runs there."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, n = verify_attention_inputs(bs, n)
+    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, n = verify_attention_inputs(bs, n, topk == 1)
     scale = q.shape[2] ** -0.5
     impls = {
         "triton (ours)": lambda: verify_attention.verify_attention(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx,

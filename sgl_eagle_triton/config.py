@@ -33,11 +33,11 @@ TESTED_TP_SIZES = (1, 2, 4)
 # Adaptive tree candidates narrower than the server's topk (e.g. chains among trees; drafter.in_tree_layout): a trial
 # (first GPU run 2026-11-27: one departure from no-spec at margin 0.3125, tests/GPU.md): refused unless this is 1
 EXPERIMENTAL_MIXED_TOPK_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
-# Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
-# seconds (faulthandler), so that a hung server's log shows where each rank waits
 # The target verify's attention through our grouped Triton kernel (verify.TreeVerifyAttention): a trial until its
 # GPU runs (parity, e2e, benchmark)
 EXPERIMENTAL_VERIFY_ATTENTION_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION"
+# Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
+# seconds (faulthandler), so that a hung server's log shows where each rank waits
 STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
@@ -395,7 +395,7 @@ def _check_verify_attention_trial(sa) -> None:
     would not run at all, rather than let it pretend."""
     if not verify_attention_trial():
         return
-    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
+    backends = _attention_backends(sa)
     if backends != {"triton"}:
         _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention "
                 "backend (the kernel replaces the triton backend's verify attention)",
@@ -408,9 +408,14 @@ def _check_verify_attention_trial(sa) -> None:
                    EXPERIMENTAL_VERIFY_ATTENTION_ENV)
 
 
+def _attention_backends(sa) -> set:
+    """The attention backends named on the command line (empty: SGLang's default)."""
+    return {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
+
+
 def _check_topk_backend(sa, topk: int) -> set:
     """The attention backends in use (returned); topk > 1 is refused on trtllm_mha."""
-    backends = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend} - {None}
+    backends = _attention_backends(sa)
     if topk > 1 and "trtllm_mha" in backends:
         _refuse("--speculative-eagle-topk > 1 with --attention-backend trtllm_mha",
                 "Use --speculative-eagle-topk 1 or another backend.")

@@ -123,3 +123,12 @@ def draft_tree(bs: int, topk: int, steps: int, n: int, gen: torch.Generator):
     for parents, selected in zip(parent_list.tolist(), selected_index.tolist(), strict=True):
         assert all(s // topk == 0 or parents[s // topk] in selected for s in selected)
     return parent_list, selected_index
+
+
+def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, n] bool: row ``i`` marks draft token ``i``'s ancestors and itself in a random tree of ``n`` nodes (node 0
+    the root, node ``i``'s parent drawn from ``0 .. i - 1``), the tree part of SGLang's target-verify mask."""
+    tree = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        tree[i] |= tree[int(torch.randint(0, i, (1,), generator=gen))]
+    return tree

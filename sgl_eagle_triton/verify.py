@@ -217,6 +217,7 @@ def one_node_verify_attention(backend):
 
 
 TREE_VERIFY_ATTENTION = "triton verify_attention"
+_verify_attention = witnessed(verify_attention, TREE_VERIFY_ATTENTION)
 
 
 class TreeVerifyAttention(TritonAttnBackend):
@@ -253,21 +254,14 @@ class TreeVerifyAttention(TritonAttnBackend):
 
     @torch.compiler.disable  # as SGLang's own kernels (under --enable-torch-compile nothing here is traced)
     def _verify(self, q, k_extend, v_extend, o, layer, logit_cap: float):
-        meta = self.forward_metadata
-        if meta.custom_mask is None:  # SGLang 0.5.17 always builds a mask for EAGLE; causal if it ever does not
-            mask, mask_indptr = None, None
-        else:
-            mask, mask_indptr = meta.custom_mask, meta.mask_indptr
-        if not RAN[TREE_VERIFY_ATTENTION]:
-            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, TREE_VERIFY_ATTENTION)
-        RAN[TREE_VERIFY_ATTENTION] += 1
-        return verify_attention(
+        meta = self.forward_metadata  # SGLang 0.5.17 always builds EAGLE a mask; without one the kernel is causal
+        return _verify_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim), k_extend, v_extend,
             o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, mask, mask_indptr, meta.max_extend_len, layer.scaling,
-            logit_cap=logit_cap)
+            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
+            meta.max_extend_len, layer.scaling, logit_cap=logit_cap)
 
     def _extend_or_verify(self, q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                           causal, mask_indptr, max_extend_len, *args, **kwargs):

@@ -14,6 +14,7 @@ import torch
 
 from sgl_eagle_triton.kernels.verify_attention import verify_attention
 from sgl_eagle_triton.reference.verify_attention import verify_attention as verify_attention_ref
+from sgl_eagle_triton.testing import random_tree_mask
 
 # (bs, prefix lengths or None for random, draft tokens per request, Hq, Hkv, D, masked)
 CASES = [
@@ -27,20 +28,10 @@ CASES = [
 
 
 def tree_masks(prefix_lens, n, gen):
-    """Per request ``n`` rows of ``prefix + n``: random prefix columns (ignored), the tree part each node's
-    ancestors and itself (node 0 the root, node i's parent drawn from 0 .. i - 1)."""
-    rows = []
-    for prefix in prefix_lens:
-        parent = [0] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-        tree = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            j = i
-            while True:
-                tree[i, j] = True
-                if j == 0:
-                    break
-                j = parent[j]
-        rows.append(torch.cat([torch.rand(n, prefix, generator=gen) < 0.5, tree], dim=1).flatten())
+    """Per request ``n`` rows of ``prefix + n``: random prefix columns (ignored), then the tree part
+    (:func:`random_tree_mask`)."""
+    rows = [torch.cat([torch.rand(n, prefix, generator=gen) < 0.5, random_tree_mask(n, gen)], dim=1).flatten()
+            for prefix in prefix_lens]
     lens = torch.tensor([0] + [r.numel() for r in rows])
     return torch.cat(rows), lens.cumsum(0)
 
