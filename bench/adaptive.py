@@ -47,6 +47,7 @@ from bench.serve import (
     line_plot,
     random_prompts,
     server_args,
+    server_env,
     timed_request,
     write_models,
 )
@@ -300,7 +301,7 @@ def main(argv=None):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
                             args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {}),
-                                               **dict(item.split("=", 1) for item in args.server_env)})
+                                               **server_env(args.server_env)})
             try:
                 server.wait_ready(900)
                 for batch in args.batches:

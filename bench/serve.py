@@ -323,12 +323,17 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.tp > 1:  # rows are compared within one flag set: the TP size is part of it
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
-    args.env = dict(item.split("=", 1) for item in args.server_env)
+    args.env = server_env(args.server_env)
     args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
     for steps, topk, n in args.configs:
         if topk == 1 and n != steps + 1:
             parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")
     return args
+
+
+def server_env(items: list[str]) -> dict[str, str]:
+    """``--server-env``'s ``KEY=VALUE`` items as an environment."""
+    return dict(item.split("=", 1) for item in items)
 
 
 def write_report(rows: list[dict], json_path: Path) -> None:
