@@ -109,8 +109,7 @@ def test_a_state_whose_rest_is_unknown_is_tried_then_priced_by_its_own_rest():
     policy kept the chain (0.87x no-spec); per state, steps 0 is tried and kept."""
     now = [0.0]
     policy = CostAwarePolicy([0, 3], 3, update_interval=1, settle=0, clock=lambda: now[0])
-    monkey = {0: 1.0, 3: 2.8}
-    policy.expected_tokens = monkey.get
+    policy.expected_tokens = {0: 1.0, 3: 2.8}.get
     policy.set_costs(CycleCost({(0, 64): 5.3, (3, 64): 13.5}))
     rest = {0: 1.0, 3: 8.0}
 
