@@ -420,7 +420,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self._eagle_sample = our_eagle_sample()
         with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
-        check_verify_attention(self.target_worker.model_runner.attn_backend)
         logger.info(
             "%s (%s draft, steps=%d topk=%d draft_tokens=%d): %s",
             ALGORITHM_NAME,
@@ -480,6 +479,12 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                                f"draft-extend graph {width} tokens wide, not its {n} draft tokens (SGLang "
                                f"{sglang.__version__} no longer reads the width through resolve_num_tokens_per_req)")
         return state
+
+    def init_attention_backends(self):
+        """SGLang's; then the verify-attention trial's start-up check on the target's backend (SGLang builds the
+        target's backends after every worker's constructor, just before this call)."""
+        super().init_attention_backends()
+        check_verify_attention(self.target_worker.model_runner.attn_backend)
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each

@@ -137,7 +137,7 @@ def _backend(case, monkeypatch, path):
     from sgl_eagle_triton import verify
 
     t, hkv, dim = case["k_extend"].shape
-    free = torch.arange(case["k_buffer"].shape[0])
+    free = torch.arange(case["k_buffer"].shape[0], device=case["k_buffer"].device)
     loc = free[~torch.isin(free, case["kv_indices"])][-t:]  # the draft tokens' slots: none of a prefix's
     pool = SimpleNamespace(k=case["k_buffer"].clone(), v=case["v_buffer"].clone())
     pool.get_key_buffer = lambda layer_id: pool.k
@@ -168,7 +168,7 @@ def _backend(case, monkeypatch, path):
 
 @pytest.mark.parametrize("path", ["two-stage", "unified"])
 @pytest.mark.parametrize("masked", [True, False])
-def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
+def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, device, path, masked):
     """A target verify through TreeVerifyAttention (either SGLang path) gives the twin's output and counts a run."""
     from types import SimpleNamespace
 
@@ -177,6 +177,7 @@ def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
     from sgl_eagle_triton import verify
 
     case = make_case(2, [7, 30], 4, 8, 2, 64, masked, torch.bfloat16, seed=21, slots=120)
+    case = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     backend, loc = _backend(case, monkeypatch, path)
     assert type(backend) is verify.TreeVerifyAttention
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=8, tp_k_head_num=2, tp_v_head_num=2, qk_head_dim=64,
@@ -188,7 +189,7 @@ def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, path, masked):
                                  layer, batch)
     assert verify.RAN[verify.TREE_VERIFY_ATTENTION] == before + 1 and backend._verify_layer is None
     want = run(verify_attention_ref, case, "cpu")
-    assert (out.view(8, 8, 64).float() - want).abs().max() <= TOLERANCE[torch.bfloat16]
+    assert (out.view(8, 8, 64).float().cpu() - want).abs().max() <= TOLERANCE[torch.bfloat16]
 
 
 def test_the_backend_leaves_what_it_does_not_serve_to_sglang(monkeypatch):

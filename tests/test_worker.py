@@ -646,3 +646,30 @@ def test_the_verify_attention_trial_refuses_to_start_without_our_backend(monkeyp
     ours = TritonAttnBackend.__new__(TritonAttnBackend)
     ours.extend_attention_fwd = "SGLang's kernel"  # set by TritonAttnBackend.__init__
     worker.check_verify_attention(verify.tree_verify_attention(ours))
+
+
+def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
+    """SGLang builds the target's attention backends after every worker's constructor (Scheduler.init_model_worker:
+    workers, memory pools, then init_all_attention_backends): the worker must not read them while it is constructed,
+    and checks them once built (a constructor that read ``model_runner.attn_backend`` stopped every server)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.speculative import base_spec_worker, eagle_worker_v2
+
+    runner = SimpleNamespace()  # no attn_backend yet, as in SGLang until init_attention_backends
+
+    def sglang_init(self, *args, **kwargs):
+        self._target_worker = SimpleNamespace(model_runner=runner)
+        self.adaptive_controller, self.speculative_num_steps, self.topk = None, 3, 1
+        self.speculative_num_draft_tokens = 4
+
+    monkeypatch.setattr(worker, "check_call_sites", lambda: None)  # reads the real constructor's source
+    monkeypatch.setattr(eagle_worker_v2.EAGLEWorkerV2, "__init__", sglang_init)
+    monkeypatch.setattr(base_spec_worker.BaseSpecWorker, "init_attention_backends",
+                        lambda self: setattr(runner, "attn_backend", TritonAttnBackend.__new__(TritonAttnBackend)))
+    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+    monkeypatch.setenv(config.DRAFT_KIND_ENV, "eagle3")
+    spec_worker = worker.EagleTritonWorkerV2()
+    with pytest.raises(RuntimeError, match="not ours"):  # SGLang's plain backend: the hook did not reach it
+        spec_worker.init_attention_backends()
