@@ -8,6 +8,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
     python -m bench.adaptive --merge lane0.json lane1.json --out bench/results/adaptive.json   # lanes' rows
+    python -m bench.adaptive ... --server-flags "--attention-backend flashinfer"   # every server with these flags
+    python -m bench.adaptive ... --server-env SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1   # and this environment
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -25,7 +27,8 @@ each (EOS ignored), after one warm-up request and one warm-up batch (adaptive se
 batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
-crashes at start otherwise; docs/design.md). Rows go to ``--out`` (merged by system, shape, batch and card) with
+crashes at start otherwise; docs/design.md). Every server runs the triton attention backend unless
+``--server-flags`` names another. Rows go to ``--out`` (merged by system, shape, batch, card, env and flags) with
 ``.md`` and ``.png`` beside it. On a host of several GPUs a sweep may run in lanes (``.ci/gpu-lanes``), each on its
 own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``card`` (``CUDA_VISIBLE_DEVICES``, or
 ``--card``: shares run in separate calls of one GPU each need their own label) and the report compares each system
@@ -38,6 +41,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -176,7 +180,8 @@ def card(r: dict) -> str:
 
 
 def row_key(r: dict) -> tuple:
-    return r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r), r.get("env", "")
+    return (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r),
+            r.get("env", ""), r.get("flags", ""))
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -189,8 +194,9 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    if r.get("env"):
-        name = f"{name} {{{r['env']}}}"
+    extra = " ".join(x for x in (r.get("env"), r.get("flags")) if x)  # --server-env, --server-flags
+    if extra:
+        name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name
 
 
@@ -263,6 +269,8 @@ def parse_args(argv=None):
                              "machines, merged, need one label each (each compared with its own no-spec)")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra environment of every server, e.g. a trial's knob (rows: 'env', part of their key)")
+    parser.add_argument("--server-flags", default="", help="extra flags of every server, e.g. '--attention-backend "
+                        "flashinfer' (rows: 'flags', part of their key)")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
@@ -299,7 +307,8 @@ def main(argv=None):
         algorithm, policy = SYSTEMS[system]
         for shape in ([None] if algorithm is None or policy else args.shapes):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
-            server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir)],
+            server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
+                                                *shlex.split(args.server_flags)],
                             args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {}),
                                                **server_env(args.server_env)})
             try:
@@ -310,7 +319,7 @@ def main(argv=None):
                                      topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
                                      batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
-                                     card=args.card, env=" ".join(args.server_env),
+                                     card=args.card, env=" ".join(args.server_env), flags=args.server_flags,
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it

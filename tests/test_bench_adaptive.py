@@ -123,3 +123,45 @@ def test_rows_run_under_an_extra_environment_are_their_own_rows(tmp_path):
     table = adaptive.report(merged)
     assert "| simulated:x | 64 | eagle_triton_cost {SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1} | 9900 |" in table
     assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
+
+
+def test_rows_run_under_extra_flags_are_their_own_rows(tmp_path):
+    """``--server-flags`` (e.g. another attention backend): such rows keep ``flags``, merge beside the plain ones and
+    say so."""
+    path = tmp_path / "a.json"
+    plain = _row("eagle_triton_cost", 64, 9000.0)
+    other = {**_row("eagle_triton_cost", 64, 9500.0), "flags": "--attention-backend flashinfer"}
+    merged = adaptive.merge_rows(path, [_row("nospec", 64, 8000.0), plain, other])
+    assert len(merged) == 3
+    table = adaptive.report(merged)
+    assert "| simulated:x | 64 | eagle_triton_cost {--attention-backend flashinfer} | 9500 |" in table
+    assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
+
+
+def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
+    """``--server-flags``: on every server's command line, and in every row it measured."""
+    started = []
+
+    class FakeServer:
+        url = "http://fake"
+
+        def __init__(self, name, model, args, workdir, env=None):
+            started.append(args)
+
+        def wait_ready(self, timeout_s):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(adaptive, "Server", FakeServer)
+    monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
+                                                                              "rounds": 1})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    adaptive.main(["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "--workdir", str(tmp_path),
+                   "--out", str(out), "--server-flags", "--attention-backend flashinfer"])
+    assert len(started) == 2 and all(a[-2:] == ["--attention-backend", "flashinfer"] for a in started)
+    assert {r["flags"] for r in json.loads(out.read_text())} == {"--attention-backend flashinfer"}
