@@ -35,6 +35,8 @@ BATCHES = [1, 8, 32, 64]
 TARGET_PROBS_BATCHES = [1, 8, 32]
 TARGET_VOCAB = 128256  # Llama-3
 MEAN_PREFIX, MAX_CONTEXT = 1024, 4096
+LONG_PREFIX = 8192
+LONG_CASES = [(3, 1, 4, bs) for bs in (1, 4, 16)] + [(5, 8, 32, bs) for bs in (1, 4, 16)]
 
 
 @triton.jit
@@ -210,23 +212,26 @@ def verify_attention_inputs(bs: int, n: int, chain: bool, prefix: int = MEAN_PRE
     return (q, k_ext, v_ext, torch.empty_like(q), *pool, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, n)
 
 
-def bench_verify_attention(bs, steps, topk, n):
-    """One layer of the target verify's attention, Llama-3.1-8B shapes, prefix MEAN_PREFIX: ours (grouped per kv head)
-    vs SGLang's two-stage extend kernel, which the triton backend runs there."""
+def bench_verify_attention(bs, steps, topk, n, prefix=MEAN_PREFIX, num_splits=None):
+    """One layer of the target verify's attention, Llama-3.1-8B shapes, ``prefix`` tokens a request: ours (grouped
+    per kv head; ``num_splits`` as the launcher takes it, None: its own choice) vs SGLang's two-stage extend kernel,
+    which the triton backend runs there."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, n = verify_attention_inputs(bs, n, topk == 1)
+    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx, mask, mask_indptr, n = verify_attention_inputs(bs, n, topk == 1,
+                                                                                                  prefix)
     scale = q.shape[2] ** -0.5
     impls = {
         "triton (ours)": lambda: verify_attention.verify_attention(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx,
-                                                                   mask, mask_indptr, n, scale),
+                                                                   mask, mask_indptr, n, scale,
+                                                                   num_splits=num_splits),
         "SGLang extend triton (stock)": lambda: extend_attention_fwd(q, k_ext, v_ext, o, k_buf, v_buf, qo, kv, idx,
                                                                      mask, True, mask_indptr, n, 1.0, 1.0,
                                                                      sm_scale=scale),
     }
     # the prefixes' K and V once per kv head; q, o and the draft tokens' K / V; the mask's tree part (its prefix
     # columns are not read)
-    touched = (2 * 2 * bs * MEAN_PREFIX * k_buf.shape[1] * k_buf.shape[2] + 2 * 2 * (q.numel() + k_ext.numel())
+    touched = (2 * 2 * bs * prefix * k_buf.shape[1] * k_buf.shape[2] + 2 * 2 * (q.numel() + k_ext.numel())
                + bs * n * n)
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
@@ -244,6 +249,11 @@ OPS = [
     ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
     ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
     ("verify_attention", bench_verify_attention, cases(BATCHES) + [(3, 1, 4, bs) for bs in BATCHES]),
+    # long prefixes at small batches: the prefix split over several programs (the launcher's choice), and one pass
+    ("verify_attention_8k", lambda bs, steps, topk, n: bench_verify_attention(bs, steps, topk, n, LONG_PREFIX),
+     LONG_CASES),
+    ("verify_attention_8k_one_pass",
+     lambda bs, steps, topk, n: bench_verify_attention(bs, steps, topk, n, LONG_PREFIX, num_splits=1), LONG_CASES),
 ]
 
 
@@ -268,7 +278,7 @@ def main():
                                         return_mode="median") * 1e3
     rows = []
     for op, bench, op_cases in OPS:
-        if args.verify_attention_only and op != "verify_attention":
+        if args.verify_attention_only and not op.startswith("verify_attention"):
             continue
         for steps, topk, n, bs in op_cases:
             timings, touched = bench(bs, steps, topk, n)
@@ -302,7 +312,8 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
         "",
         "Stock: sgl-kernel's CUDA op; for verify_attention SGLang's two-stage Triton extend kernel (what its",
         "triton backend runs for a target verify), one layer at Llama-3.1-8B shapes (32 / 8 heads of 128) over",
-        f"{MEAN_PREFIX}-token prefixes.",
+        f"{MEAN_PREFIX}-token prefixes ({LONG_PREFIX} for verify_attention_8k: ours splitting long prefixes as",
+        "served, and in one pass).",
         "",
         "| op | steps,topk,n | batch | ours | stock | SGLang serial triton | ours/stock "
         "| ours graph / floor |",

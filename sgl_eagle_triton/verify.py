@@ -261,7 +261,10 @@ class TreeVerifyAttention(TritonAttnBackend):
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
-            meta.max_extend_len, layer.scaling, logit_cap=logit_cap)
+            meta.max_extend_len, layer.scaling, logit_cap=logit_cap,
+            # split long prefixes of small batches up to SGLang's --triton-attention-num-kv-splits; never under
+            # --enable-deterministic-inference (one pass: the same reduction order at every batch size)
+            num_splits=1 if self.enable_deterministic else None, max_splits=self.max_kv_splits)
 
     def _extend_or_verify(self, q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                           causal, mask_indptr, max_extend_len, *args, **kwargs):

@@ -197,6 +197,38 @@ def test_verify_attention_dropping_the_tree_mask_fails(monkeypatch, device):
         test_verify_attention.test_matches_reference(device, 3, [1, 37, 70], 6, 8, 2, 64, True, torch.bfloat16)
 
 
+class _Launch:
+    """Stands in for a jitted kernel: ``_Launch(fn)[grid](*args, **kwargs)`` calls ``fn(*args, **kwargs)``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def _merge_without_weights(o, part_o, part_lse, qo_indptr, kv_indptr, *strides, DV, SPLITS, SPLIT_TOKENS, **meta):
+    """A merge of the split partials that averages them (their log-sum-exp weights ignored)."""
+    parts = part_o.view(o.shape[0], o.shape[1], SPLITS, DV)
+    for b in range(qo_indptr.shape[0] - 1):
+        prefix = int(kv_indptr[b + 1] - kv_indptr[b])
+        used = max(1, min(SPLITS, -(-prefix // SPLIT_TOKENS)))
+        if used > 1:
+            q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            o[q0:q1] = parts[q0:q1, :, :used].mean(dim=2).to(o.dtype)
+
+
+@pytest.mark.parametrize("merge", ["dropped", "unweighted"])
+def test_verify_attention_with_a_broken_split_merge_fails(monkeypatch, device, merge):
+    """Split prefixes whose partials are never merged (their rows left as they were), or averaged."""
+    from sgl_eagle_triton.kernels import verify_attention as kernel
+
+    broken_merge = {"dropped": lambda *args, **kwargs: None, "unweighted": _merge_without_weights}
+    monkeypatch.setattr(kernel, "_merge_splits_kernel", _Launch(broken_merge[merge]))
+    with pytest.raises(AssertionError):
+        test_verify_attention.test_split_prefixes_match_the_reference(device, 3, [1, 130, 450], 6, 64, 4)
+
+
 def test_target_probs_ignoring_min_p_fails(monkeypatch, device):
     prepare = test_target_probs.prepare_target_probs
 

@@ -87,6 +87,44 @@ def test_scales_and_logit_cap(device, k_scale, v_scale, logit_cap):
     assert (got - want).abs().max() <= TOLERANCE[torch.bfloat16] * v_scale
 
 
+# (bs, prefix lengths, draft tokens, split_tokens): stretches of whole 64-token blocks, a last stretch of 2 tokens,
+# stretches with no column (130 tokens over 8 splits of 64), prefixes too short to split beside long ones
+SPLIT_CASES = [
+    (1, [300], 4, 64),
+    (3, [1, 130, 450], 6, 64),
+    (2, [130, 40], 5, 16),
+]
+
+
+@pytest.mark.parametrize("num_splits", [2, 4, 8])
+@pytest.mark.parametrize(("bs", "prefix_lens", "n", "split_tokens"), SPLIT_CASES)
+def test_split_prefixes_match_the_reference(device, bs, prefix_lens, n, split_tokens, num_splits):
+    """Prefixes split over several programs and merged: the twin's output, and one pass's within rounding."""
+    case = make_case(bs, prefix_lens, n, 8, 2, 64, True, torch.bfloat16, seed=bs + n, slots=1200)
+    got = run(verify_attention, case, device, num_splits=num_splits, split_tokens=split_tokens)
+    one_pass = run(verify_attention, case, device, num_splits=1)
+    assert torch.isfinite(got).all()
+    assert (got - run(verify_attention_ref, case, "cpu")).abs().max() <= TOLERANCE[torch.bfloat16]
+    assert (got - one_pass).abs().max() <= TOLERANCE[torch.bfloat16]
+
+
+def test_split_prefixes_with_a_logit_cap_and_fp16(device):
+    case = make_case(2, [200, 77], 3, 4, 1, 80, True, torch.float16, seed=5, slots=600)
+    extra = dict(logit_cap=5.0, k_scale=0.5, v_scale=2.0)
+    got = run(verify_attention, case, device, num_splits=4, split_tokens=64, **extra)
+    assert (got - run(verify_attention_ref, case, "cpu", **extra)).abs().max() <= TOLERANCE[torch.float16] * 2  # v x 2
+
+
+def test_splits_follow_the_batch():
+    """Few programs: splits up to the cap (a power of two); a batch that fills the SMs: one pass."""
+    from sgl_eagle_triton.kernels.verify_attention import splits_for
+
+    cpu = torch.device("cpu")  # counted as an H100's 132 SMs
+    assert splits_for(8, cpu) == 8 and splits_for(8, cpu, max_splits=6) == 4
+    assert splits_for(64, cpu) == 4 and splits_for(132, cpu) == 2 and splits_for(264, cpu) == 1
+    assert splits_for(4096, cpu) == 1
+
+
 def test_the_mask_decides_which_draft_tokens_are_seen(device):
     """The tree's mask moves outputs far beyond rounding: the same batch with every draft token seeing only the root
     and itself differs from the random trees by more than ten tolerances, and still matches the twin."""
@@ -160,6 +198,7 @@ def _backend(case, monkeypatch, path):
     backend = TritonAttnBackend.__new__(TritonAttnBackend)
     backend.extend_attention_fwd = lambda *args, **kwargs: pytest.fail("SGLang's kernel ran for a served verify")
     backend.token_to_kv_pool, backend.page_size, backend.dcp_size, backend.use_mla = pool, 1, 1, False
+    backend.enable_deterministic, backend.max_kv_splits = False, 8
     backend.forward_metadata = SimpleNamespace(
         qo_indptr=case["qo_indptr"], kv_indptr=case["kv_indptr"], kv_indices=case["kv_indices"],
         custom_mask=case["custom_mask"], mask_indptr=case["mask_indptr"], max_extend_len=case["max_len_extend"])

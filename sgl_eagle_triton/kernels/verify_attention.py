@@ -12,12 +12,21 @@ tokens per request most rows are padding, and every query head re-reads its kv h
 (request, kv head, ``BLOCK_M`` rows) stacks the ``n_b`` draft tokens x ``Hq / Hkv`` query heads that share the kv
 head (row ``r``: token ``r // G``, head ``r % G``), so each prefix K/V block is read once per request and kv head,
 as SGLang's grouped decode kernel reads it for one token. One pass over the prefix then the tree, online softmax in
-fp32 (log2 domain); probabilities enter the P.V product in the pool's dtype, as in SGLang's kernel. A program's
-reduction order depends only on its own request, so results do not change with the batch around it.
+fp32 (log2 domain); probabilities enter the P.V product in the pool's dtype, as in SGLang's kernel.
+
+Split prefix (few programs, long prefixes): a small batch gives bs x Hkv x row blocks programs, too few to keep the
+GPU's SMs reading. The launcher then allows up to ``num_splits`` programs per row block; request ``b`` uses
+``min(num_splits, ceil(L_b / split_tokens))`` of them, each over its own stretch of the prefix (the first one also
+over the tree), each writing its normalised partial output and log-sum-exp (fp32), and a second kernel merges them
+(as SGLang's decode kernel splits its KV). A request that uses one split is written directly. Without splits a
+program's reduction order depends only on its own request; with them it also depends on ``num_splits``, which the
+launcher takes from the batch size (one, always, under SGLang's deterministic inference: the caller passes 1).
 
 FP8 pools are not handled (the launcher refuses them; SGLang's kernel serves them): ``k_scale`` / ``v_scale``
 scale the prefix's scores / output as SGLang's kernel does for 16-bit pools with scales.
 """
+
+import functools
 
 import torch
 import triton
@@ -60,16 +69,25 @@ def _verify_attention_kernel(
     G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
     USE_MASK: tl.constexpr, HAS_CAP: tl.constexpr, DTYPE: tl.constexpr,
+    part_o_ptr, part_lse_ptr, SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
-    block = tl.program_id(2)
+    block = tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
     q_start = tl.load(qo_indptr_ptr + b)
     n = tl.load(qo_indptr_ptr + b + 1) - q_start
     if block * BLOCK_M >= n * G:
         return
     kv_start = tl.load(kv_indptr_ptr + b)
     prefix = tl.load(kv_indptr_ptr + b + 1) - kv_start
+    used = _splits_used(prefix, SPLITS, SPLIT_TOKENS)
+    if split >= used:
+        return
+    # this split's stretch of the prefix: whole blocks of BLOCK_N (stretches past the prefix are empty)
+    stretch = tl.cdiv(tl.cdiv(prefix, used), BLOCK_N) * BLOCK_N
+    lo = split * stretch
+    hi = tl.minimum(prefix, lo + stretch)
 
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     tok = rows // G
@@ -86,9 +104,9 @@ def _verify_attention_kernel(
 
     # the prefix: every draft token sees all of it
     cols = tl.arange(0, BLOCK_N)
-    start = 0
-    while start < prefix:  # (not range(): the interpreter cannot take tensor bounds)
-        col_ok = start + cols < prefix
+    start = lo
+    while start < hi:  # (not range(): the interpreter cannot take tensor bounds)
+        col_ok = start + cols < hi
         loc = tl.load(kv_indices_ptr + kv_start + start + cols, mask=col_ok, other=0).to(tl.int64)
         k = tl.load(k_buf_ptr + loc[None, :] * stride_kbs + kv_head * stride_kbh + d[:, None],
                     mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
@@ -99,11 +117,13 @@ def _verify_attention_kernel(
         m_i, l_i, acc = _accumulate(s, v, m_i, l_i, acc, v_scale, DTYPE)
         start += BLOCK_N
 
-    # the tree: draft token j as the mask (or causality) allows
+    # the tree (the first split's): draft token j as the mask (or causality) allows
     ecols = tl.arange(0, BLOCK_E)
     if USE_MASK:
         mask_start = tl.load(mask_indptr_ptr + b)
     start = 0
+    if split > 0:
+        start = n
     while start < n:
         j = start + ecols
         col_ok = j < n
@@ -121,21 +141,99 @@ def _verify_attention_kernel(
         m_i, l_i, acc = _accumulate(s, v, m_i, l_i, acc, 1.0, DTYPE)
         start += BLOCK_E
 
-    out = round_to(acc / l_i[:, None], DTYPE)
+    if used == 1:
+        out = round_to(acc / l_i[:, None], DTYPE)
+        tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
+                 mask=row_ok[:, None] & (dv[None, :] < DV))
+    else:  # a partial: normalised output and log2-sum-exp (a stretch with no column: 0 and -inf)
+        seen = l_i > 0
+        part = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        row = (q_start + tok).to(tl.int64) * (G * tl.num_programs(1)) + head  # (token, query head) of [T, Hq]
+        tl.store(part_lse_ptr + row * SPLITS + split, lse, mask=row_ok)
+        tl.store(part_o_ptr + (row * SPLITS + split)[:, None] * DV + dv[None, :], part,
+                 mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
+@triton.jit
+def _splits_used(prefix, SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr):
+    """How many of the ``SPLITS`` programs a request with a prefix of ``prefix`` tokens uses (>= 1)."""
+    if SPLITS == 1:
+        return 1
+    return tl.maximum(tl.minimum(tl.cdiv(prefix, SPLIT_TOKENS), SPLITS), 1)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    o_ptr, part_o_ptr, part_lse_ptr, qo_indptr_ptr, kv_indptr_ptr, stride_ot, stride_oh,
+    G: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr, DTYPE: tl.constexpr,
+):
+    """The split requests' outputs: their partials weighted by exp2(lse - max lse), in fp32, rounded once."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    block = tl.program_id(2)
+    q_start = tl.load(qo_indptr_ptr + b)
+    n = tl.load(qo_indptr_ptr + b + 1) - q_start
+    prefix = tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)
+    used = _splits_used(prefix, SPLITS, SPLIT_TOKENS)
+    if block * BLOCK_M >= n * G or used == 1:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // G
+    head = kv_head * G + rows % G
+    row_ok = tok < n
+    row = (q_start + tok).to(tl.int64) * (G * tl.num_programs(1)) + head
+    dv = tl.arange(0, BLOCK_DV)
+    splits = tl.arange(0, SPLITS)
+    lse = tl.load(part_lse_ptr + row[:, None] * SPLITS + splits[None, :],
+                  mask=row_ok[:, None] & (splits[None, :] < used), other=float("-inf"))
+    top = tl.max(lse, axis=1)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top[:, None])  # [BLOCK_M, SPLITS]
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for i in tl.static_range(SPLITS):
+        w = tl.sum(tl.where(splits[None, :] == i, weight, 0.0), axis=1)
+        part = tl.load(part_o_ptr + (row * SPLITS + i)[:, None] * DV + dv[None, :],
+                       mask=row_ok[:, None] & (dv[None, :] < DV) & (i < used), other=0.0)
+        acc += w[:, None] * part
+    out = round_to(acc / tl.sum(weight, axis=1)[:, None], DTYPE)
     tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
              mask=row_ok[:, None] & (dv[None, :] < DV))
 
 
+SPLIT_TOKENS = 512  # a request splits its prefix only into stretches at least this long
+MAX_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
+BUSY_PROGRAMS_PER_SM = 2  # splits are allowed until the batch's programs reach this many per SM
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; an H100's 132 off CUDA (the interpreter then splits as it would)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def splits_for(programs: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
+    """The prefix splits per row block for a batch of ``programs`` (bs x Hkv x row blocks): a power of two, 1 once
+    the batch alone has BUSY_PROGRAMS_PER_SM programs per SM, at most ``max_splits``."""
+    splits = max(1, min(max_splits, BUSY_PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1)))
+    return 1 << (splits.bit_length() - 1)
+
+
 def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
                      mask_indptr, max_len_extend: int, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                     logit_cap: float = 0.0) -> torch.Tensor:
+                     logit_cap: float = 0.0, num_splits: int | None = None, max_splits: int = MAX_SPLITS,
+                     split_tokens: int = SPLIT_TOKENS) -> torch.Tensor:
     """Writes ``o`` and returns it.
 
     q: [T, Hq, D], k_extend / v_extend: [T, Hkv, D] / [T, Hkv, DV] (the draft tokens' own K/V), o: [T, Hq, DV],
     all one of MODEL_DTYPES; k_buffer / v_buffer: the KV pool [slots, Hkv, D] / [slots, Hkv, DV] in that dtype;
     qo_indptr, kv_indptr: [bs + 1] int32/int64; kv_indices: the prefixes' pool slots; custom_mask: flat bool /
     uint8 with mask_indptr [bs + 1] (module docstring), or None for causal chains; ``max_len_extend`` >= every
-    n_b. CUDA-graph safe: the grid depends on (bs, Hkv, max_len_extend) only.
+    n_b. ``num_splits``: prefix splits per row block (a power of two; 1: one pass, batch-invariant), None: chosen
+    by :func:`splits_for` up to ``max_splits``; a request uses one split per ``split_tokens`` of its prefix at most.
+    CUDA-graph safe: the grid and the fp32 scratch of the split partials ([T, Hq, splits, DV] and [T, Hq, splits])
+    depend on (bs, Hkv, max_len_extend) only.
     """
     if q.dtype not in MODEL_DTYPES or k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
         raise ValueError(f"verify_attention: q and the pool in one of {MODEL_DTYPES}, got {q.dtype} / "
@@ -147,17 +245,29 @@ def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv
     bs = qo_indptr.shape[0] - 1
     block_m = min(64, max(16, triton.next_power_of_2(max_len_extend * group)))
     block_e = max(16, triton.next_power_of_2(min(max_len_extend, 64)))
-    grid = (bs, kv_heads, triton.cdiv(max_len_extend * group, block_m))
+    row_blocks = triton.cdiv(max_len_extend * group, block_m)
+    splits = splits_for(bs * kv_heads * row_blocks, q.device, max_splits) if num_splits is None else num_splits
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"verify_attention: num_splits must be a power of two >= 1, got {splits}")
+    part_o = part_lse = o  # (unread without splits)
+    if splits > 1:
+        part_o = torch.empty(q.shape[0] * heads * splits * dim_v, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(q.shape[0] * heads * splits, dtype=torch.float32, device=q.device)
     mask = custom_mask.view(torch.uint8) if custom_mask is not None and custom_mask.dtype == torch.bool else custom_mask
-    _verify_attention_kernel[grid](
+    common = dict(G=group, BLOCK_DV=triton.next_power_of_2(dim_v), BLOCK_M=block_m, SPLITS=splits,
+                  SPLIT_TOKENS=split_tokens, DTYPE=tl_dtype(q.dtype))
+    _verify_attention_kernel[(bs, kv_heads, row_blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices, mask if mask is not None else qo_indptr,
         mask_indptr if mask_indptr is not None else qo_indptr,
         sm_scale * LOG2E.value, float(k_scale), float(v_scale), float(logit_cap),
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1),
         o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        G=group, D=dim, DV=dim_v, BLOCK_D=triton.next_power_of_2(dim), BLOCK_DV=triton.next_power_of_2(dim_v),
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, USE_MASK=mask is not None, HAS_CAP=logit_cap > 0,
-        DTYPE=tl_dtype(q.dtype), num_warps=8 if dim >= 128 else 4,  # D 128 at 4 warps: ptxas spilled (sm_90a)
+        D=dim, DV=dim_v, BLOCK_D=triton.next_power_of_2(dim), BLOCK_N=64, BLOCK_E=block_e,
+        USE_MASK=mask is not None, HAS_CAP=logit_cap > 0, part_o_ptr=part_o, part_lse_ptr=part_lse, **common,
+        num_warps=8 if dim >= 128 else 4,  # D 128 at 4 warps: ptxas spilled (sm_90a)
     )
+    if splits > 1:
+        _merge_splits_kernel[(bs, kv_heads, row_blocks)](
+            o, part_o, part_lse, qo_indptr, kv_indptr, o.stride(0), o.stride(1), DV=dim_v, **common, num_warps=4)
     return o
