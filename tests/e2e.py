@@ -86,12 +86,12 @@ PROMPTS = list(CODE_PROMPTS)
 MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
 
 
-def serve_generate(server: Server, with_logprobs: bool) -> dict:
-    """The prompts through ``/generate``, greedy: one by one (with the top-2 log-probs per position when
+def serve_generate(server: Server, with_logprobs: bool, prompts: Sequence[str] = tuple(PROMPTS)) -> dict:
+    """The ``prompts`` through ``/generate``, greedy: one by one (with the top-2 log-probs per position when
     ``with_logprobs``, for :func:`verdicts`), then all at once; and the mean accept length of the former."""
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in PROMPTS]
-        concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), PROMPTS))
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in prompts]
+        concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), prompts))
     return {
         "generate": [g["output_ids"] for g in seq],
         "generate_concurrent": [g["output_ids"] for g in concurrent],
