@@ -62,7 +62,8 @@ MAX_VARIANTS = 6
 
 def record(function, args, kwargs) -> None:
     """Notes the launch of ``function`` (an interpreted kernel's Python function) with ``args`` / ``kwargs``: once
-    per distinct set of constexpr values, up to :data:`MAX_VARIANTS` per kernel."""
+    per distinct set of argument types, and per distinct set of constexpr values up to :data:`MAX_VARIANTS` per
+    kernel."""
     kernel = f"{function.__module__}.{function.__qualname__}"
     if not function.__module__.startswith("sgl_eagle_triton"):
         return
@@ -76,10 +77,15 @@ def record(function, args, kwargs) -> None:
             signature[name], constexprs[name] = "constexpr", _constexpr(value)
         else:
             signature[name] = _type(value)
-    key = f"{kernel}|{json.dumps(constexprs, sort_keys=True, default=str)}"
-    if key in RECORDS or sum(k.startswith(f"{kernel}|") for k in RECORDS) >= MAX_VARIANTS:
+    key = f"{kernel}|{json.dumps(constexprs, sort_keys=True, default=str)}|{json.dumps(signature, sort_keys=True)}"
+    if key in RECORDS:
         return
-    RECORDS[key] = dict(module=function.__module__, name=function.__name__, signature=signature,
+    # argument types not seen before (e.g. int64 index pointers, as SGLang passes them under CUDA graphs): always
+    # compiled once; other constexpr sets up to MAX_VARIANTS
+    new_types = not any(r["kernel"] == kernel and r["signature"] == signature for r in RECORDS.values())
+    if not new_types and sum(r["kernel"] == kernel for r in RECORDS.values()) >= MAX_VARIANTS:
+        return
+    RECORDS[key] = dict(kernel=kernel, module=function.__module__, name=function.__name__, signature=signature,
                         constexprs=constexprs, options={k: kwargs[k] for k in OPTIONS if k in kwargs})
 
 

@@ -39,3 +39,23 @@ def _record(name):
 def test_a_kernel_the_compiler_refuses_is_reported():
     failures = compile_check.compile_all({"bad": _record("_type_changing_loop"), "good": _record("_typed_loop")})
     assert len(failures) == 1 and "_type_changing_loop" in failures[0] and "CompilationError" in failures[0], failures
+
+
+def test_new_argument_types_are_recorded_beyond_the_variant_cap(monkeypatch):
+    """Past MAX_VARIANTS constexpr sets a kernel's launches are no longer recorded, except with argument types not
+    seen before (int64 index pointers, as SGLang passes them under CUDA graphs, compile differently)."""
+    import torch
+
+    def fake_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    fake_kernel.__module__ = "sgl_eagle_triton.fake"
+    monkeypatch.setattr(compile_check, "RECORDS", {})
+    narrow, wide = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    for block in range(compile_check.MAX_VARIANTS + 2):
+        compile_check.record(fake_kernel, (narrow, 3), {"BLOCK": block})
+    assert len(compile_check.RECORDS) == compile_check.MAX_VARIANTS
+    compile_check.record(fake_kernel, (wide, 3), {"BLOCK": 99})
+    compile_check.record(fake_kernel, (wide, 3), {"BLOCK": 98})  # those types seen: capped again
+    assert len(compile_check.RECORDS) == compile_check.MAX_VARIANTS + 1
+    assert any(r["signature"]["x_ptr"] == "*i64" for r in compile_check.RECORDS.values())

@@ -273,7 +273,8 @@ LONG_PROMPTS = ["\n".join((PROMPTS[i:] + PROMPTS[:i]) * 10) for i in range(8)]
 def test_verify_attention_trial_is_lossless(parallel, tmp_path):
     """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1: the target verify attends through our kernel
     (verify.TreeVerifyAttention). Pass, on the trained pair at a chain and a tree: tie-aware equal to no-spec
-    (``tp1-long``, not deterministic: departing no more often than without the trial), the accept length not below
+    (``tp1-long`` too: batch-dependent rounding stays far inside the tie bound; without the trial reported), the
+    accept length not below
     the same shapes' without the trial by more than VA_ACCEPT_DROP, our kernel counted in ``/server_info`` and no
     kernel error."""
     from sgl_eagle_triton import config
@@ -305,9 +306,6 @@ def test_verify_attention_trial_is_lossless(parallel, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-verify-attention-{parallel}.json"), "w") as f:
             json.dump(report, f, indent=1)
     for n, entry in report.items():
-        if long:
-            assert len(entry["vs_nospec"]["bugs"]) <= len(entry["plain_vs_nospec"]["bugs"]), (n, entry)
-        else:
-            assert not entry["vs_nospec"]["bugs"], (n, entry)
+        assert not entry["vs_nospec"]["bugs"], (n, entry)
         assert entry["accept_length"]["trial"] >= entry["accept_length"]["plain"] * (1 - VA_ACCEPT_DROP), (n, entry)
         assert entry["ran"] > 0 and infos["trial", n]["eagle_triton"]["errors"] == [], (n, entry)

@@ -88,7 +88,8 @@ def test_scales_and_logit_cap(device, k_scale, v_scale, logit_cap):
 
 
 # (bs, prefix lengths, draft tokens, split_tokens): stretches of whole 64-token blocks, a last stretch of 2 tokens,
-# stretches with no column (130 tokens over 8 splits of 64), prefixes too short to split beside long ones
+# stretches with no column ([300] over 4 splits; 130 tokens over 4 or 8 splits of 16-token share, 64-token blocks),
+# prefixes too short to split beside long ones
 SPLIT_CASES = [
     (1, [300], 4, 64),
     (3, [1, 130, 450], 6, 64),
@@ -115,14 +116,25 @@ def test_split_prefixes_with_a_logit_cap_and_fp16(device):
     assert (got - run(verify_attention_ref, case, "cpu", **extra)).abs().max() <= TOLERANCE[torch.float16] * 2  # v x 2
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_int64_index_pointers(device, num_splits):
+    """SGLang's triton backend passes int64 qo_indptr / kv_indptr under CUDA graphs (int32 eagerly): the same output
+    (and, through the compile check, a kernel that compiles for them)."""
+    case = make_case(2, [130, 40], 5, 8, 2, 64, True, torch.bfloat16, seed=9, slots=400)
+    wide = {**case, **{k: case[k].to(torch.int64) for k in ("qo_indptr", "kv_indptr", "mask_indptr")}}
+    got = run(verify_attention, wide, device, num_splits=num_splits, split_tokens=64)
+    assert (got - run(verify_attention_ref, case, "cpu")).abs().max() <= TOLERANCE[torch.bfloat16]
+
+
 def test_splits_follow_the_batch():
-    """Few programs: splits up to the cap (a power of two); a batch that fills the SMs: one pass."""
+    """Few programs: splits up to the caps (a power of two); a batch that fills the SMs: one pass."""
     from sgl_eagle_triton.kernels.verify_attention import splits_for
 
     cpu = torch.device("cpu")  # counted as an H100's 132 SMs
     assert splits_for(8, cpu) == 8 and splits_for(8, cpu, max_splits=6) == 4
     assert splits_for(64, cpu) == 4 and splits_for(132, cpu) == 2 and splits_for(264, cpu) == 1
     assert splits_for(4096, cpu) == 1
+    assert splits_for(1, cpu, max_splits=512) == 64  # SPLITS_CAP, whatever SGLang's split flags allow
 
 
 def test_the_mask_decides_which_draft_tokens_are_seen(device):

@@ -121,10 +121,9 @@ def _verify_attention_kernel(
     ecols = tl.arange(0, BLOCK_E)
     if USE_MASK:
         mask_start = tl.load(mask_indptr_ptr + b)
+    tree_end = tl.where(split == 0, n, 0)  # (a typed bound: n is int64 under CUDA graphs, int32 eagerly)
     start = 0
-    if split > 0:
-        start = n
-    while start < n:
+    while start < tree_end:
         j = start + ecols
         col_ok = j < n
         if USE_MASK:
@@ -158,9 +157,7 @@ def _verify_attention_kernel(
 @triton.jit
 def _splits_used(prefix, SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr):
     """How many of the ``SPLITS`` programs a request with a prefix of ``prefix`` tokens uses (>= 1)."""
-    if SPLITS == 1:
-        return 1
-    return tl.maximum(tl.minimum(tl.cdiv(prefix, SPLIT_TOKENS), SPLITS), 1)
+    return tl.maximum(tl.minimum(tl.cdiv(prefix, SPLIT_TOKENS), SPLITS), 1)  # one return type: prefix's
 
 
 @triton.jit
@@ -185,25 +182,30 @@ def _merge_splits_kernel(
     row_ok = tok < n
     row = (q_start + tok).to(tl.int64) * (G * tl.num_programs(1)) + head
     dv = tl.arange(0, BLOCK_DV)
-    splits = tl.arange(0, SPLITS)
-    lse = tl.load(part_lse_ptr + row[:, None] * SPLITS + splits[None, :],
-                  mask=row_ok[:, None] & (splits[None, :] < used), other=float("-inf"))
-    top = tl.max(lse, axis=1)
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    i = 0
+    while i < used:  # the largest log-sum-exp (run-time loops: no unrolling, no [rows, splits] registers)
+        top = tl.maximum(top, tl.load(part_lse_ptr + row * SPLITS + i, mask=row_ok, other=float("-inf")))
+        i += 1
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top[:, None])  # [BLOCK_M, SPLITS]
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for i in tl.static_range(SPLITS):
-        w = tl.sum(tl.where(splits[None, :] == i, weight, 0.0), axis=1)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    i = 0
+    while i < used:
+        weight = tl.exp2(tl.load(part_lse_ptr + row * SPLITS + i, mask=row_ok, other=float("-inf")) - top)
         part = tl.load(part_o_ptr + (row * SPLITS + i)[:, None] * DV + dv[None, :],
-                       mask=row_ok[:, None] & (dv[None, :] < DV) & (i < used), other=0.0)
-        acc += w[:, None] * part
-    out = round_to(acc / tl.sum(weight, axis=1)[:, None], DTYPE)
+                       mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        acc += weight[:, None] * part
+        total += weight
+        i += 1
+    out = round_to(acc / tl.where(total > 0, total, 1.0)[:, None], DTYPE)
     tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
              mask=row_ok[:, None] & (dv[None, :] < DV))
 
 
 SPLIT_TOKENS = 512  # a request splits its prefix only into stretches at least this long
 MAX_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
+SPLITS_CAP = 64  # whatever that flag says (--triton-attention-split-tile-size can raise it into the hundreds)
 BUSY_PROGRAMS_PER_SM = 2  # splits are allowed until the batch's programs reach this many per SM
 
 
@@ -215,8 +217,8 @@ def _sm_count(device: torch.device) -> int:
 
 def splits_for(programs: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
     """The prefix splits per row block for a batch of ``programs`` (bs x Hkv x row blocks): a power of two, 1 once
-    the batch alone has BUSY_PROGRAMS_PER_SM programs per SM, at most ``max_splits``."""
-    splits = max(1, min(max_splits, BUSY_PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1)))
+    the batch alone has BUSY_PROGRAMS_PER_SM programs per SM, at most ``max_splits`` and SPLITS_CAP."""
+    splits = max(1, min(max_splits, SPLITS_CAP, BUSY_PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1)))
     return 1 << (splits.bit_length() - 1)
 
 
