@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import adaptive
 from sgl_eagle_triton import config as sgl_config
 
@@ -113,28 +115,18 @@ def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, mo
     assert plotted == [4]
 
 
-def test_rows_run_under_an_extra_environment_are_their_own_rows(tmp_path):
-    """``--server-env`` (e.g. a trial's knob): such rows keep ``env``, merge beside the plain ones and say so."""
+@pytest.mark.parametrize(("key", "value"), [("env", "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"),
+                                            ("flags", "--attention-backend flashinfer")])
+def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, key, value):
+    """``--server-env`` (e.g. a trial's knob) or ``--server-flags`` (e.g. another attention backend): such rows keep
+    ``env`` / ``flags``, merge beside the plain ones and say so."""
     path = tmp_path / "a.json"
     plain = _row("eagle_triton_cost", 64, 9000.0)
-    trial = {**_row("eagle_triton_cost", 64, 9900.0), "env": "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"}
-    merged = adaptive.merge_rows(path, [_row("nospec", 64, 8000.0), plain, trial])
-    assert len(merged) == 3
-    table = adaptive.report(merged)
-    assert "| simulated:x | 64 | eagle_triton_cost {SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1} | 9900 |" in table
-    assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
-
-
-def test_rows_run_under_extra_flags_are_their_own_rows(tmp_path):
-    """``--server-flags`` (e.g. another attention backend): such rows keep ``flags``, merge beside the plain ones and
-    say so."""
-    path = tmp_path / "a.json"
-    plain = _row("eagle_triton_cost", 64, 9000.0)
-    other = {**_row("eagle_triton_cost", 64, 9500.0), "flags": "--attention-backend flashinfer"}
+    other = {**_row("eagle_triton_cost", 64, 9900.0), key: value}
     merged = adaptive.merge_rows(path, [_row("nospec", 64, 8000.0), plain, other])
     assert len(merged) == 3
     table = adaptive.report(merged)
-    assert "| simulated:x | 64 | eagle_triton_cost {--attention-backend flashinfer} | 9500 |" in table
+    assert f"| simulated:x | 64 | eagle_triton_cost {{{value}}} | 9900 |" in table
     assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
 
 
