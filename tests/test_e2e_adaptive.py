@@ -3,7 +3,8 @@ EAGLE_TRITON adaptive (SGLang's default batch brackets, candidate steps {0, 1, 3
 adaptive with the cycle knob (``config.ADAPTIVE_CYCLE_ENV``: the step count changes before every decode step,
 mid-request, through 0 = no draft, which fills the draft KV without the draft extend and hands back to drafting
 through one step at 0 with the full extend) and with the cost-aware policy (sgl_eagle_triton/adaptive.py), serve the
-trained tiny pair through ``/generate`` (greedy, deterministic inference; one by one and all at once).
+trained tiny pair through ``/generate`` (greedy, deterministic inference; one by one and all at once); tree and
+mixed-topk candidates, and the cycle knob and cost policy at ``--tp 2``, likewise.
 
 Pass: each EAGLE_TRITON server is tie-aware equal to no speculation (tests/lossless.py), its ``/server_info``
 report shows our kernels ran with no error and the step counts it ran at (the cycling server: every candidate);
@@ -28,6 +29,7 @@ from tests.e2e import (
     e2e_server,
     serve_concurrently,
     serve_generate,
+    tensor_parallel,
     verdicts,
 )
 from tests.tiny_models import TRAINED_PAIR
@@ -154,3 +156,39 @@ def test_adaptive_mixed_topk_candidates_are_lossless_across_switches(tmp_path):
         k, n = entry if isinstance(entry, list) else (TREE_TOPK, entry)
         shapes[str(s)] = [s, k, n]
     _serve_tree_candidates(servers, ("ours_cycle", "ours_cost"), "adaptive-mixed.json", shapes)
+
+
+def test_adaptive_under_tensor_parallelism(tmp_path):
+    """``--tp 2`` (two GPUs): SGLang's policy with the cycle knob (every rank changes step count before the same
+    decode step) and the cost policy (a trial under TP: every rank adopts rank 0's choice, worker.rank_zero_decides),
+    over the default chain candidates. Pass: tie-aware equal to no speculation at the same TP, every candidate ran
+    (cycle knob), every candidate priced (cost policy), no kernel error. Servers one at a time (TP servers sharing
+    cards stall one another)."""
+    parallel, env = tensor_parallel(2)
+    cost_config = tmp_path / "cost.json"
+    cost_config.write_text(json.dumps({config.ADAPTIVE_POLICY_KEY: "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
+    spec = [*parallel, "--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
+    servers = {
+        "nospec": lambda: e2e_server("tp2-adaptive-nospec", TARGET, parallel, tmp_path, env=env),
+        "ours_cycle": lambda: e2e_server("tp2-adaptive-EAGLE_TRITON-cycle", TARGET, spec, tmp_path,
+                                         env={**(env or {}), config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": lambda: e2e_server("tp2-adaptive-EAGLE_TRITON-cost", TARGET,
+                                        [*spec, "--speculative-adaptive-config", str(cost_config)], tmp_path,
+                                        env={**(env or {}), config.EXPERIMENTAL_TP_ENV: "1"}),
+    }
+    results, infos = serve_concurrently(servers, serve_generate, ("ours_cycle", "ours_cost"), one_at_a_time=True)
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
+    summary = {key: {"accept_length": results[key]["accept_length"],
+                     "vs_nospec": verdicts(results[key], results["nospec"])} for key in ("ours_cycle", "ours_cost")}
+    summary["reports"] = reports
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-tp2.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    for key in ("ours_cycle", "ours_cost"):
+        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
+        assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
+    steps = reports["ours_cycle"]["adaptive_steps_in_force"]
+    assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
+    policy = reports["ours_cost"]["adaptive_policy"]
+    assert {key.split(",")[0] for key in policy["replay_ms"]} == CANDIDATES, policy
