@@ -2,8 +2,9 @@
 
 The Triton interpreter (``TRITON_INTERPRET=1``, CPU CI) skips the compiler's checks (e.g. a loop-carried variable
 whose type changes in a ``while`` loop), so a kernel can pass every CPU test and fail to compile on the GPU.
-:func:`record` (installed by tests/conftest.py) notes each kernel's launches with distinct constexpr values (up to
-:data:`MAX_VARIANTS`): its module, name, argument types and constexpr values, and launch options.
+:func:`record` (installed by tests/conftest.py) notes each kernel's launches with distinct argument types (always)
+and distinct constexpr values (up to :data:`MAX_VARIANTS`): its module, name, argument types and constexpr values,
+and launch options.
 :func:`compile_all` compiles those in a fresh process without the interpreter, as ``triton.compile`` does on a GPU
 host (ptx and cubin for sm_90a; Triton's bundled ptxas).
 """

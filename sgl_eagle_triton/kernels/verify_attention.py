@@ -60,6 +60,23 @@ def _accumulate(s, v, m_i, l_i, acc, v_scale, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _rows(block, kv_head, n, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block ``block`` of a request's ``n`` draft tokens x the ``G`` query heads of ``kv_head``: each row's token,
+    query head and whether it is a real row (row ``r``: token ``r // G``, head ``r % G``)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // G
+    return tok, kv_head * G + rows % G, tok < n
+
+
+@triton.jit
+def _store_rows(o_ptr, acc, total, q_start, tok, head, row_ok, stride_ot, stride_oh, dv, DV: tl.constexpr,
+                DTYPE: tl.constexpr):
+    """``acc / total`` rounded to ``DTYPE`` into the rows' outputs."""
+    tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+             round_to(acc / total[:, None], DTYPE), mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
+@triton.jit
 def _verify_attention_kernel(
     q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
     qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, mask_ptr, mask_indptr_ptr,
@@ -89,10 +106,7 @@ def _verify_attention_kernel(
     lo = split * stretch
     hi = tl.minimum(prefix, lo + stretch)
 
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok = rows // G
-    head = kv_head * G + rows % G
-    row_ok = tok < n
+    tok, head, row_ok = _rows(block, kv_head, n, G, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -141,9 +155,7 @@ def _verify_attention_kernel(
         start += BLOCK_E
 
     if used == 1:
-        out = round_to(acc / l_i[:, None], DTYPE)
-        tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
-                 mask=row_ok[:, None] & (dv[None, :] < DV))
+        _store_rows(o_ptr, acc, l_i, q_start, tok, head, row_ok, stride_ot, stride_oh, dv, DV, DTYPE)
     else:  # a partial: normalised output and log2-sum-exp (a stretch with no column: 0 and -inf)
         seen = l_i > 0
         part = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
@@ -176,10 +188,7 @@ def _merge_splits_kernel(
     used = _splits_used(prefix, SPLITS, SPLIT_TOKENS)
     if block * BLOCK_M >= n * G or used == 1:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok = rows // G
-    head = kv_head * G + rows % G
-    row_ok = tok < n
+    tok, head, row_ok = _rows(block, kv_head, n, G, BLOCK_M)
     row = (q_start + tok).to(tl.int64) * (G * tl.num_programs(1)) + head
     dv = tl.arange(0, BLOCK_DV)
     top = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -198,9 +207,8 @@ def _merge_splits_kernel(
         acc += weight[:, None] * part
         total += weight
         i += 1
-    out = round_to(acc / tl.where(total > 0, total, 1.0)[:, None], DTYPE)
-    tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out,
-             mask=row_ok[:, None] & (dv[None, :] < DV))
+    _store_rows(o_ptr, acc, tl.where(total > 0, total, 1.0), q_start, tok, head, row_ok, stride_ot, stride_oh, dv,
+                DV, DTYPE)
 
 
 SPLIT_TOKENS = 512  # a request splits its prefix only into stretches at least this long
