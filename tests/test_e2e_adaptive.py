@@ -48,9 +48,15 @@ CANDIDATES = {"0", "1", "3", "7"}  # SGLang 0.5.17's default brackets
 ACCEPT_SHARE = 0.98
 
 
+def _cost_config(tmp_path):
+    """A ``--speculative-adaptive-config`` file: the cost-aware policy over SGLang's default candidates."""
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({config.ADAPTIVE_POLICY_KEY: "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
+    return path
+
+
 def test_adaptive_is_lossless_across_switches(tmp_path):
-    cost_config = tmp_path / "cost.json"  # the cost-aware policy over SGLang's default candidates
-    cost_config.write_text(json.dumps({config.ADAPTIVE_POLICY_KEY: "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
+    cost_config = _cost_config(tmp_path)
     servers = {
         "nospec": e2e_server("adaptive-nospec", TARGET, [], tmp_path),
         "stock": e2e_server("adaptive-EAGLE3", TARGET, ["--speculative-algorithm", "EAGLE3", *ADAPTIVE,
@@ -165,8 +171,7 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
     (cycle knob), every candidate priced (cost policy), no kernel error. Servers one at a time (TP servers sharing
     cards stall one another)."""
     parallel, env = tensor_parallel(2)
-    cost_config = tmp_path / "cost.json"
-    cost_config.write_text(json.dumps({config.ADAPTIVE_POLICY_KEY: "cost", "1": {"candidate_steps": [0, 1, 3, 7]}}))
+    cost_config = _cost_config(tmp_path)
     spec = [*parallel, "--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
     servers = {
         "nospec": lambda: e2e_server("tp2-adaptive-nospec", TARGET, parallel, tmp_path, env=env),
