@@ -9,7 +9,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
     python -m bench.adaptive --merge lane0.json lane1.json --out bench/results/adaptive.json   # lanes' rows
     python -m bench.adaptive ... --server-flags "--attention-backend flashinfer"   # every server with these flags
-    python -m bench.adaptive ... --server-env SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1   # and this environment
+    python -m bench.adaptive ... --server-env SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0   # and this environment
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -53,6 +53,7 @@ from bench.serve import (
     server_args,
     server_env,
     timed_request,
+    verify_attention,
     write_models,
 )
 from sgl_eagle_triton.config import EXPERIMENTAL_MIXED_TOPK_ENV
@@ -126,7 +127,7 @@ def simulation_env(acc_len: float, profile: str | None = None) -> dict[str, str]
     """Every server's acceptance: the tree-aware ``profile`` (sgl_eagle_triton.simulated_acceptance, applied to
     stock servers too) or SGLang's depth-only ``SGLANG_SIMULATE_ACC_LEN``."""
     if profile:
-        return {"SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE": profile, "SGL_EAGLE_TRITON_BENCHMARK": "1"}
+        return {"SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE": profile, "SGLANG_EAGLE_TRITON_BENCHMARK": "1"}
     return {"SGLANG_SIMULATE_ACC_LEN": str(acc_len), "SGLANG_SIMULATE_ACC_METHOD": SIMULATE_METHOD,
             "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
 
@@ -313,6 +314,7 @@ def main(argv=None):
                                                **server_env(args.server_env)})
             try:
                 server.wait_ready(900)
+                attention = verify_attention(server)
                 for batch in args.batches:
                     result = measure(server.url, batch, args.real_pair)
                     rows.append(dict(system=system, steps=shape[0] if shape else None,
@@ -320,6 +322,7 @@ def main(argv=None):
                                      batch=batch, acceptance=acceptance, gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
                                      card=args.card, env=" ".join(args.server_env), flags=args.server_flags,
+                                     verify_attention=attention,
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it

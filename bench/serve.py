@@ -336,6 +336,14 @@ def server_env(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def verify_attention(server: Server) -> str:
+    """Row key ``verify_attention``: ``"ours"`` where an EAGLE_TRITON server's ``/server_info`` says its target
+    verify attends through our kernel, else ``"sglang"`` (stock and no-spec servers: SGLang's backend)."""
+    state = server.get_json("/server_info")["internal_states"][0]
+    kernel = state.get("eagle_triton", {}).get("kernels", {}).get("verify attention", "")
+    return "ours" if kernel.startswith("triton ") else "sglang"
+
+
 def write_report(rows: list[dict], json_path: Path) -> None:
     json_path.with_suffix(".md").write_text(report(rows))
     plot(rows, json_path.with_suffix(".png"))
@@ -360,6 +368,7 @@ def main(argv=None):
                             env={**args.env, **({EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else {})})
             try:
                 server.wait_ready(900)
+                attention = verify_attention(server)
                 for batch in args.batches:
                     result = measure(server.url, batch)
                     stages = {}
@@ -371,6 +380,7 @@ def main(argv=None):
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
                                      batch=batch, flags=args.flags, tp=args.tp, model=args.model,
+                                     verify_attention=attention,
                                      draft_ms=draft_ms(stages),
                                      stages=stages,
                                      gpu=gpu,

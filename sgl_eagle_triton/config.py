@@ -22,23 +22,31 @@ from sgl_eagle_triton import ALGORITHM_NAME, simulated_acceptance
 logger = logging.getLogger(__name__)
 
 TESTED_SGLANG_VERSIONS = ("0.5.17",)  # the SGLang releases the GPU suite passed on (pyproject.toml pins them)
-DRAFT_KIND_ENV = "SGL_EAGLE_TRITON_DRAFT_KIND"
-DRAFT_CHECK_ENV = "SGL_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
+DRAFT_KIND_ENV = "SGLANG_EAGLE_TRITON_DRAFT_KIND"
+DRAFT_CHECK_ENV = "SGLANG_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 # Tests: under --speculative-adaptive, switch to the next candidate step count before every decode step (worker.py)
-ADAPTIVE_CYCLE_ENV = "SGL_EAGLE_TRITON_ADAPTIVE_CYCLE"
-# Tensor parallelism (drafter.TensorParallel) beyond what has run end to end on GPUs (TESTED_TP_SIZES with EAGLE-3
-# drafts): refused unless this is 1 (GPU tests, trials)
-EXPERIMENTAL_TP_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_TP"
+ADAPTIVE_CYCLE_ENV = "SGLANG_EAGLE_TRITON_ADAPTIVE_CYCLE"
+# Tensor parallelism (drafter.TensorParallel) beyond what has run end to end on GPUs (TESTED_TP_SIZES, EAGLE-1 drafts
+# at TESTED_EAGLE1_TP_SIZES, the cost-aware adaptive policy at TESTED_COST_POLICY_TP_SIZES): refused unless this is 1
+# (GPU tests, trials)
+EXPERIMENTAL_TP_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_TP"
 TESTED_TP_SIZES = (1, 2, 4)
+TESTED_EAGLE1_TP_SIZES = (1, 2)  # --tp 4: servers started, not yet served end to end (tests/GPU.md 2026-11-27)
+TESTED_COST_POLICY_TP_SIZES = (1, 2)
 # Adaptive tree candidates narrower than the server's topk (e.g. chains among trees; drafter.in_tree_layout): a trial
 # (first GPU run 2026-11-27: one departure from no-spec at margin 0.3125, tests/GPU.md): refused unless this is 1
-EXPERIMENTAL_MIXED_TOPK_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
-# The target verify's attention through our grouped Triton kernel (verify.TreeVerifyAttention): a trial until its
-# GPU runs (parity, e2e, benchmark)
-EXPERIMENTAL_VERIFY_ATTENTION_ENV = "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION"
+EXPERIMENTAL_MIXED_TOPK_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
+# The target verify's attention (verify.TreeVerifyAttention): "auto" (unset): our grouped Triton kernel wherever it
+# serves (SGLang's triton backend, a 16-bit KV pool of page size 1), SGLang's elsewhere; "1": ours, else refuse to
+# start; "0": SGLang's everywhere
+VERIFY_ATTENTION_ENV = "SGLANG_EAGLE_TRITON_VERIFY_ATTENTION"
+VERIFY_ATTENTION_MODES = ("auto", "1", "0")
+# the trial's variable before our kernel became the default (SGLang turns an SGL_ name into its SGLANG_ one)
+RETIRED_VERIFY_ATTENTION_ENVS = ("SGLANG_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION",
+                                 "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION")
 # Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
 # seconds (faulthandler), so that a hung server's log shows where each rank waits
-STACK_DUMP_ENV = "SGL_EAGLE_TRITON_STACK_DUMP_S"
+STACK_DUMP_ENV = "SGLANG_EAGLE_TRITON_STACK_DUMP_S"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -80,17 +88,19 @@ def _model_dtype(hf_config, dtype: str) -> str:
 
 
 def _check_tensor_parallel_trial(sa, kind: str) -> None:
-    """A TP size outside TESTED_TP_SIZES, or an EAGLE-1 draft under TP (its first GPU run failed; mended, not yet
-    rerun end to end), starts only with EXPERIMENTAL_TP_ENV=1."""
+    """A TP size outside TESTED_TP_SIZES, or an EAGLE-1 draft at one outside TESTED_EAGLE1_TP_SIZES, starts only
+    with EXPERIMENTAL_TP_ENV=1."""
     untried = [f"--tp {sa.tp_size}"] if sa.tp_size not in TESTED_TP_SIZES else []
-    if sa.tp_size > 1 and kind == EAGLE:
+    if kind == EAGLE and sa.tp_size not in TESTED_EAGLE1_TP_SIZES:
         untried.append(f"EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp {sa.tp_size}")
     if not untried:
         return
     if os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
         tested = " or ".join(str(tp) for tp in TESTED_TP_SIZES if tp > 1)
+        eagle1 = " or ".join(str(tp) for tp in TESTED_EAGLE1_TP_SIZES if tp > 1)
         _refuse(f"{' or '.join(untried)} yet: built, not yet run end to end on GPUs",
-                f"Use --tp 1, an EAGLE-3 draft at --tp {tested}, or set {EXPERIMENTAL_TP_ENV}=1 to try it.")
+                f"Use --tp 1, an EAGLE-3 draft at --tp {tested} (EAGLE-1 at --tp {eagle1}), or set "
+                f"{EXPERIMENTAL_TP_ENV}=1 to try it.")
     logger.warning("%s: %s under %s=1: not yet run end to end on GPUs", ALGORITHM_NAME, " or ".join(untried),
                    EXPERIMENTAL_TP_ENV)
 
@@ -212,11 +222,13 @@ def _check_adaptive(sa) -> None:
     if policy not in ADAPTIVE_POLICIES:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} {policy!r}",
                 f"Use one of {', '.join(ADAPTIVE_POLICIES)}.")
-    if policy == "cost" and sa.tp_size > 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
+    if (policy == "cost" and sa.tp_size not in TESTED_COST_POLICY_TP_SIZES
+            and os.environ.get(EXPERIMENTAL_TP_ENV) != "1"):
+        tested = " or ".join(str(tp) for tp in TESTED_COST_POLICY_TP_SIZES)
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --tp {sa.tp_size} without "
-                f"{EXPERIMENTAL_TP_ENV}=1 (every rank adopts rank 0's choice at each decision; not yet run on GPUs)",
-                f"Use the sglang policy (the same accept counts on every rank), --tp 1, or set {EXPERIMENTAL_TP_ENV}=1 "
-                "for the trial.")
+                f"{EXPERIMENTAL_TP_ENV}=1 (every rank adopts rank 0's choice at each decision; run on GPUs at --tp "
+                f"{tested} only)", f"Use the sglang policy (the same accept counts on every rank), --tp {tested}, or "
+                f"set {EXPERIMENTAL_TP_ENV}=1 for the trial.")
     if policy == "cost" and sa.disable_cuda_graph:
         _refuse(f"--speculative-adaptive-config {ADAPTIVE_POLICY_KEY} 'cost' with --disable-cuda-graph (it prices "
                 "each candidate by replaying its CUDA graphs)", "Drop --disable-cuda-graph or use the sglang policy.")
@@ -373,9 +385,9 @@ def _validate(sa) -> None:
         _refuse("--enable-unified-memory yet", "Drop the flag.")
     reason = simulated_acceptance.misconfigured()
     if reason is not None:
-        _refuse(f"simulated acceptance here: {reason}", "Set both SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> and "
-                "SGL_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
-    _check_verify_attention_trial(sa)
+        _refuse(f"simulated acceptance here: {reason}", "Set both SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> "
+                "and SGLANG_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
+    _check_verify_attention(sa)
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -385,27 +397,47 @@ def _validate(sa) -> None:
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
-def verify_attention_trial() -> bool:
-    """Whether the target verify attends through our kernel (:data:`EXPERIMENTAL_VERIFY_ATTENTION_ENV` = 1)."""
-    return os.environ.get(EXPERIMENTAL_VERIFY_ATTENTION_ENV) == "1"
+def verify_attention_mode() -> str:
+    """:data:`VERIFY_ATTENTION_ENV`'s value, ``"auto"`` when unset (one of :data:`VERIFY_ATTENTION_MODES` once the
+    server started)."""
+    return os.environ.get(VERIFY_ATTENTION_ENV, "auto")
 
 
-def _check_verify_attention_trial(sa) -> None:
-    """The trial replaces the Triton backend's verify attention for 16-bit, page-1 pools: refuse a server where it
-    would not run at all, rather than let it pretend."""
-    if not verify_attention_trial():
+def verify_attention_unserved(sa) -> str | None:
+    """Why our verify-attention kernel cannot serve a server of ``sa`` (its pool), None if it can; the backend
+    itself is checked where SGLang builds it (plugin.verify_attention_backend)."""
+    if (sa.page_size or 1) > 1:
+        return f"--page-size {sa.page_size} (the kernel reads page-1 pools)"
+    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
+        return f"--kv-cache-dtype {sa.kv_cache_dtype} (the kernel reads 16-bit pools)"
+    return None
+
+
+def verify_attention_wanted(sa) -> bool:
+    """Whether the target's triton backend should attend its verify through our kernel."""
+    return verify_attention_mode() != "0" and verify_attention_unserved(sa) is None
+
+
+def _check_verify_attention(sa) -> None:
+    """The mode is one we know; under ``"1"`` a server where our kernel would not run at all is refused rather than
+    let it pretend; the retired trial variable names its successor."""
+    retired = [name for name in RETIRED_VERIFY_ATTENTION_ENVS if name in os.environ]
+    if retired:
+        _refuse(f"{retired[0]} any more (our verify attention is the default on the triton backend)",
+                f"Unset it; set {VERIFY_ATTENTION_ENV}=1 to require our kernel, or =0 for SGLang's.")
+    mode = verify_attention_mode()
+    if mode not in VERIFY_ATTENTION_MODES:
+        _refuse(f"{VERIFY_ATTENTION_ENV}={mode!r}", f"Use one of {', '.join(VERIFY_ATTENTION_MODES)}, or unset it.")
+    if mode != "1":
         return
     backends = _attention_backends(sa)
     if backends != {"triton"}:
-        _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention "
-                "backend (the kernel replaces the triton backend's verify attention)",
-                f"Use --attention-backend triton, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")
-    if (sa.page_size or 1) > 1 or sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "float16"):
-        _refuse(f"{EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1 with --page-size {sa.page_size} / --kv-cache-dtype "
-                f"{sa.kv_cache_dtype} (the kernel reads 16-bit pools of page size 1)",
-                f"Use --page-size 1 and a 16-bit KV cache, or unset {EXPERIMENTAL_VERIFY_ATTENTION_ENV}.")
-    logger.warning("EAGLE_TRITON: %s is set (a trial): the target verify attends through our Triton kernel",
-                   EXPERIMENTAL_VERIFY_ATTENTION_ENV)
+        _refuse(f"{VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention backend "
+                "(the kernel replaces the triton backend's verify attention)",
+                f"Use --attention-backend triton, or unset {VERIFY_ATTENTION_ENV}.")
+    unserved = verify_attention_unserved(sa)
+    if unserved is not None:
+        _refuse(f"{VERIFY_ATTENTION_ENV}=1 with {unserved}", f"Change that, or unset {VERIFY_ATTENTION_ENV}.")
 
 
 def _attention_backends(sa) -> set:

@@ -1,6 +1,6 @@
 """Draft check mode: every draft runs twice, ours then SGLang's, and the two trees are compared.
 
-Enabled by ``SGL_EAGLE_TRITON_DRAFT_CHECK=<file.jsonl>`` (eager only: the comparison syncs with the
+Enabled by ``SGLANG_EAGLE_TRITON_DRAFT_CHECK=<file.jsonl>`` (eager only: the comparison syncs with the
 host, so :mod:`sgl_eagle_triton.config` requires ``--disable-cuda-graph`` with it). Trees are compared
 as sets of root-to-node token paths: bf16 logits tie exactly quite often, and ``torch.topk`` orders tied
 siblings its own way, which permutes candidate ids without changing the tree. One JSON line per draft:

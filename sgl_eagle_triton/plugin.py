@@ -101,13 +101,14 @@ VERIFY_BACKEND_TARGET = ("sglang.srt.model_executor.model_runner_components.atte
 
 
 def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
-    """After-hook on SGLang's ``attention_backend_setup._build_resolved_backend`` (keyword ``model_runner``): under the
-    verify-attention trial, an EAGLE_TRITON target's Triton backend attends its verify through our kernel (before any
-    CUDA graph is captured; :func:`sgl_eagle_triton.verify.tree_verify_attention`); drafts and other algorithms keep
-    SGLang's. The worker refuses to start if the target's backend was not swapped."""
-    if (model_runner is not None and config.verify_attention_trial()
-            and not getattr(model_runner, "is_draft_worker", False)
-            and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME):
+    """After-hook on SGLang's ``attention_backend_setup._build_resolved_backend`` (keyword ``model_runner``): an
+    EAGLE_TRITON target's Triton backend attends its verify through our kernel (before any CUDA graph is captured;
+    :func:`sgl_eagle_triton.verify.tree_verify_attention`) unless the server turned it off or its pool is one the
+    kernel does not read (config.verify_attention_wanted); drafts, other backends and other algorithms keep SGLang's.
+    The worker reports which one attends (and refuses to start under ``VERIFY_ATTENTION_ENV=1`` if not ours)."""
+    if (model_runner is not None and not getattr(model_runner, "is_draft_worker", False)
+            and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME
+            and config.verify_attention_wanted(model_runner.server_args)):
         from sgl_eagle_triton.verify import tree_verify_attention
 
         backend = tree_verify_attention(backend)

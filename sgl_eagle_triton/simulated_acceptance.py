@@ -3,7 +3,7 @@ accept nothing. Every verify's result is replaced by :func:`sgl_eagle_triton.ker
 that was really drafted and verified (so every cost is real), with a profile's chance that the target picks the
 draft candidate of each sibling rank at each depth.
 
-Enabled only with both ``SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile>`` and ``SGL_EAGLE_TRITON_BENCHMARK=1``
+Enabled only with both ``SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile>`` and ``SGLANG_EAGLE_TRITON_BENCHMARK=1``
 (EAGLE_TRITON refuses the first without the second at start); then it applies to every EAGLE server of the process,
 stock EAGLE / EAGLE3 included (the plugin wraps SGLang's ``eagle_sample``, the EAGLE_TRITON worker ours, with
 :func:`wrap`), so systems compare under one acceptance. Outputs are then meaningless (accepted draft tokens, a
@@ -19,8 +19,8 @@ import torch
 
 from sgl_eagle_triton.adaptive import chain_tokens
 
-PROFILE_ENV = "SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE"
-BENCHMARK_ENV = "SGL_EAGLE_TRITON_BENCHMARK"
+PROFILE_ENV = "SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE"
+BENCHMARK_ENV = "SGLANG_EAGLE_TRITON_BENCHMARK"
 # rank_probs[r]: the chance that the target's next token is the draft's candidate of sibling rank r at depth 1;
 # each deeper level multiplies them by depth_decay. Provisional calibration (bench/README.md): a chain of 5
 # commits 3.70 tokens per verify, an 8-deep tree with two candidates per level about 5.

@@ -227,8 +227,8 @@ class TreeVerifyAttention(TritonAttnBackend):
     mostly padding). Every other forward, and a verify the kernel does not serve (page size > 1, an FP8 or scaled
     pool, sliding window, sinks, score mods, MLA, context parallelism), is SGLang's. Both of SGLang's paths are
     covered: the two-stage ``extend_attention_fwd`` and, under ``--enable-deterministic-inference``, the unified
-    kernel (which reads the draft tokens' K/V back from the pool; ours takes them as SGLang stored them). A trial:
-    ``SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1``."""
+    kernel (which reads the draft tokens' K/V back from the pool; ours takes them as SGLang stored them). The
+    default on the triton backend (config.VERIFY_ATTENTION_ENV: ``0`` turns it off)."""
 
     _verify_layer = None  # the layer whose target verify is being computed (set around SGLang's forward_extend)
     _verify_kv = None  # and its draft tokens' own K / V, [T, Hkv, D] each

@@ -81,6 +81,7 @@ KERNELS_IN_USE = {
     "verify greedy": "triton sgl_eagle_triton.kernels.verify_greedy",
     "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
 }
+VERIFY_ATTENTION_IN_USE = "triton sgl_eagle_triton.kernels.verify_attention (the target verify's attention)"
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
 
@@ -232,15 +233,22 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
         embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
 
 
-def check_verify_attention(backend) -> None:
-    """Under the verify-attention trial, refuse to start (RuntimeError) unless the target's attention backend is ours
-    (:class:`~sgl_eagle_triton.verify.TreeVerifyAttention`, swapped in by the plugin's hook when SGLang built it):
-    the trial must not run SGLang's verify attention under its name."""
-    if config.verify_attention_trial() and not isinstance(backend, TreeVerifyAttention):
+def verify_attention_in_use(backend, server_args) -> str:
+    """Which attention the target's verify runs (for the start-up log and ``/server_info``): ours if the plugin's hook
+    swapped the target's backend to :class:`~sgl_eagle_triton.verify.TreeVerifyAttention` when SGLang built it, else
+    SGLang's backend and why. Under ``VERIFY_ATTENTION_ENV=1`` anything but ours refuses to start (RuntimeError):
+    SGLang's verify attention must not run under our name."""
+    if isinstance(backend, TreeVerifyAttention):
+        return VERIFY_ATTENTION_IN_USE
+    mode = config.verify_attention_mode()
+    why = ("turned off" if mode == "0" else config.verify_attention_unserved(server_args)
+           or f"our kernel replaces the triton backend's, not {type(backend).__name__}'s")
+    if mode == "1":
         raise RuntimeError(
-            f"{ALGORITHM_NAME}: {config.EXPERIMENTAL_VERIFY_ATTENTION_ENV}=1, but the target's attention backend is "
-            f"{type(backend).__name__}, not ours (the hook on SGLang {sglang.__version__}'s "
-            "_build_resolved_backend did not reach it). Unset the variable.")
+            f"{ALGORITHM_NAME}: {config.VERIFY_ATTENTION_ENV}=1, but the target's attention backend is "
+            f"{type(backend).__name__}, not ours ({why}; or the hook on SGLang {sglang.__version__}'s "
+            f"_build_resolved_backend did not reach it). Use --attention-backend triton or unset the variable.")
+    return f"SGLang's {type(backend).__name__} ({why})"
 
 
 def rank_zero_decides(group):
@@ -481,10 +489,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         return state
 
     def init_attention_backends(self):
-        """SGLang's; then the verify-attention trial's start-up check on the target's backend (SGLang builds the
-        target's backends after every worker's constructor, just before this call)."""
+        """SGLang's; then which attention the target's verify runs (SGLang builds the target's backends after every
+        worker's constructor, just before this call): logged, reported, refused under ``VERIFY_ATTENTION_ENV=1``
+        unless ours."""
         super().init_attention_backends()
-        check_verify_attention(self.target_worker.model_runner.attn_backend)
+        self.verify_attention = verify_attention_in_use(self.target_worker.model_runner.attn_backend,
+                                                        self.server_args)
+        logger.info("%s: verify attention: %s", ALGORITHM_NAME, self.verify_attention)
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each
@@ -562,7 +573,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         """What ``/server_info`` shows under ``internal_states[0]["eagle_triton"]``: the kernel paths, how often
         each of our entry points ran in this scheduler, the first-step check's errors (empty when all ran) and,
         under ``--speculative-adaptive``, the decode steps run at each step count."""
-        report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": dict(KERNELS_IN_USE),
+        kernels = {**KERNELS_IN_USE, "verify attention": getattr(self, "verify_attention", "not yet built")}
+        report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:
             report["adaptive_trees"] = {  # each candidate's (steps, topk, draft tokens)

@@ -37,7 +37,8 @@ def test_spec_args_per_system(tmp_path):
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
     assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
     env = adaptive.simulation_env(3.5, "llama31-8b-eagle3")
-    assert env == {"SGL_EAGLE_TRITON_SIMULATED_ACCEPTANCE": "llama31-8b-eagle3", "SGL_EAGLE_TRITON_BENCHMARK": "1"}
+    assert env == {"SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE": "llama31-8b-eagle3",
+                   "SGLANG_EAGLE_TRITON_BENCHMARK": "1"}
     assert adaptive.acceptance_label(3.5, "llama31-8b-eagle3") == "simulated:llama31-8b-eagle3"
 
 
@@ -115,7 +116,7 @@ def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, mo
     assert plotted == [4]
 
 
-@pytest.mark.parametrize(("key", "value"), [("env", "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"),
+@pytest.mark.parametrize(("key", "value"), [("env", "SGLANG_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"),
                                             ("flags", "--attention-backend flashinfer")])
 def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, key, value):
     """``--server-env`` (e.g. a trial's knob) or ``--server-flags`` (e.g. another attention backend): such rows keep
@@ -131,7 +132,8 @@ def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, 
 
 
 def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
-    """``--server-flags``: on every server's command line, and in every row it measured."""
+    """``--server-flags``: on every server's command line, and in every row it measured (with the verify attention
+    the server reports: SGLang's on flashinfer)."""
     started = []
 
     class FakeServer:
@@ -142,6 +144,10 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
 
         def wait_ready(self, timeout_s):
             pass
+
+        def get_json(self, path):
+            attention = "SGLang's FlashInferAttnBackend (our kernel replaces the triton backend's)"
+            return {"internal_states": [{"eagle_triton": {"kernels": {"verify attention": attention}}}]}
 
         def stop(self):
             pass
@@ -156,4 +162,6 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     adaptive.main(["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "--workdir", str(tmp_path),
                    "--out", str(out), "--server-flags", "--attention-backend flashinfer"])
     assert len(started) == 2 and all(a[-2:] == ["--attention-backend", "flashinfer"] for a in started)
-    assert {r["flags"] for r in json.loads(out.read_text())} == {"--attention-backend flashinfer"}
+    rows = json.loads(out.read_text())
+    assert {r["flags"] for r in rows} == {"--attention-backend flashinfer"}
+    assert {r["verify_attention"] for r in rows} == {"sglang"}

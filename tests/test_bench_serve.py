@@ -159,3 +159,24 @@ def test_draft_shapes_follow_the_target():
     assert seventy["midlayer.self_attn.q_proj.weight"] == (8192, 16384)
     assert seventy["midlayer.mlp.down_proj.weight"] == (8192, 28672)
     assert serve.parse_args(["--model", "llama-3.1-70b", "--tp", "4"]).server_flags == "--tp-size 4"
+
+
+def test_rows_say_which_verify_attention_ran():
+    """Row key ``verify_attention`` from a server's /server_info: ours only where an EAGLE_TRITON server reports
+    our kernel (the default may fall back to SGLang's on other backends or pools)."""
+    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
+
+    class Stub:
+        def __init__(self, state):
+            self.state = state
+
+        def get_json(self, path):
+            assert path == "/server_info"
+            return {"internal_states": [self.state]}
+
+    def kernels(attention):
+        return {"eagle_triton": {"kernels": {"verify attention": attention}}}
+
+    assert serve.verify_attention(Stub(kernels(VERIFY_ATTENTION_IN_USE))) == "ours"
+    assert serve.verify_attention(Stub(kernels("SGLang's TritonAttnBackend (turned off)"))) == "sglang"
+    assert serve.verify_attention(Stub({"avg_spec_accept_length": 1.75})) == "sglang"  # stock or no-spec

@@ -5,8 +5,8 @@ SGLang's custom all-reduce runs).
 
 Pass: EAGLE_TRITON is tie-aware equal to no speculation under the same flags (tests/lossless.py; under an FP8
 KV cache, where stock EAGLE3 itself departs from no speculation, ours departs at no other place; without
-deterministic inference no more often than stock), accepts at
-least 98 % of stock's accept length (within 2 %, or more), its ``/server_info`` report shows our kernels ran
+deterministic inference no more often than stock), accepts at least ``tests.e2e.accept_share`` of stock's
+accept length (95 % where our verify attention ran, else 98 %), its ``/server_info`` report shows our kernels ran
 with no error; token-for-token equality with stock is reported. ``E2E_REPORT_DIR`` receives a JSON per flag set.
 """
 
@@ -17,7 +17,15 @@ import os
 
 import pytest
 
-from tests.e2e import e2e_server, require_gpus, serve_concurrently, serve_generate, tensor_parallel, verdicts
+from tests.e2e import (
+    accept_share,
+    e2e_server,
+    require_gpus,
+    serve_concurrently,
+    serve_generate,
+    tensor_parallel,
+    verdicts,
+)
 from tests.tiny_models import TRAINED_PAIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -39,7 +47,6 @@ DEPLOYMENTS = {
     "tp2_custom_ar": (["--tp", "2"], [(5, 4, 16)]),
 }
 GPUS_NEEDED = {"dp2": 2}
-ACCEPT_SHARE = 0.98
 # Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
 # places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
 # same ones. There, ours may depart only where stock does (as lossless as SGLang's speculative path).
@@ -90,5 +97,5 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
             allowed = stock if deployment in STOCK_DEPARTS else set()
             assert ours <= allowed, (key, entry["vs_nospec"])
         accept = entry["accept_length"]
-        assert accept["eagle_triton"] >= ACCEPT_SHARE * accept["stock"], (key, accept)
+        assert accept["eagle_triton"] >= accept_share(reports[n]) * accept["stock"], (key, accept)
         assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]

@@ -2,11 +2,13 @@
 
 For each model pair and each (steps, topk, draft tokens), the three servers answer the same 16
 prompts through /generate (one by one and 16 at once), /v1/completions and /v1/chat/completions
-(16 at once, and streamed). Pass: EAGLE_TRITON's acceptance length is within 2 % of stock's (its
-fused drafter builds SGLang's trees up to bf16 near-ties), it is tie-aware equal to no-spec
+(16 at once, and streamed). Pass: EAGLE_TRITON's acceptance length reaches tests.e2e.accept_share of
+stock's (its fused drafter builds SGLang's trees up to bf16 near-ties; its verify attention rounds
+differently from SGLang's), it is tie-aware equal to no-spec
 (tests/lossless.py), and its log shows our kernels in use; equality with stock EAGLE token for
-token is reported. Draft check: with SGL_EAGLE_TRITON_DRAFT_CHECK every draft also runs SGLang's
-own draft forward on the same batch; trees must agree except after near-ties.
+token is reported. Draft check: with SGLANG_EAGLE_TRITON_DRAFT_CHECK every draft also runs SGLang's
+own draft forward on the same batch; trees must agree except after near-ties. Verify attention: ours
+(the default) against SGLang's (SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0), both lossless.
 Sampling: 50 concurrent requests at temperature 0.8 / top-p 0.9 with per-request seeds reproduce
 run to run, and greedy requests mixed into sampled batches keep their greedy output.
 Observability: with --enable-metrics, what README tells users to read is there (per-request
@@ -27,9 +29,11 @@ import pytest
 
 from sgl_eagle_triton.demo import kernel_lines, parse_metrics
 from tests.e2e import (
+    ACCEPT_SHARE,
     CHAT_TOKENS,
     MAX_NEW_TOKENS,
     PROMPTS,
+    accept_share,
     e2e_server,
     serve_all,
     serve_concurrently,
@@ -113,14 +117,16 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         assert "triton build_tree ran" in ours_log and "triton verify_tree_greedy ran" in ours_log, key
         assert "build tree: triton" not in servers[(stock_algo, n)].log(), key
         assert "draft forward: triton" in ours_log and "triton fused drafter ran" in ours_log, key
-        # Our drafts are SGLang's up to bf16 near-ties, so acceptance matches stock's within 2 % and outputs
-        # stay lossless (tie-aware against no-spec); token-for-token equality with stock is reported only.
-        assert entry["accept_length"]["eagle_triton"] == pytest.approx(entry["accept_length"]["stock"], rel=0.02), key
+        # Our drafts are SGLang's up to bf16 near-ties and our verify attention rounds differently from SGLang's, so
+        # acceptance reaches tests.e2e.ACCEPT_SHARE of stock's and outputs stay lossless (tie-aware against no-spec);
+        # token-for-token equality with stock is reported only.
+        report_state = ours_info[n]["eagle_triton"]
+        share = accept_share(report_state)
+        assert entry["accept_length"]["eagle_triton"] >= share * entry["accept_length"]["stock"], (key, share)
         assert not entry["vs_nospec"]["eagle_triton"]["bugs"], (key, entry["vs_nospec"])
         if pair == "tiny-code-eagle3":  # the trained pair really accepts several tokens per cycle
             floor = TRAINED_ACCEPT_LENGTH[parallel][steps, topk, n] * (1 - ACCEPT_MARGIN[parallel])
             assert min(entry["accept_length"].values()) >= floor, (key, entry["accept_length"], floor)
-        report_state = ours_info[n]["eagle_triton"]
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
 
 
@@ -226,7 +232,7 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path):
         "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
         "--disable-cuda-graph",
-    ], tmp_path, env={"SGL_EAGLE_TRITON_DRAFT_CHECK": str(check_file)})
+    ], tmp_path, env={"SGLANG_EAGLE_TRITON_DRAFT_CHECK": str(check_file)})
     try:
         server.wait_ready()
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -258,11 +264,6 @@ def test_fused_drafter_matches_sglang_draft(pair, tmp_path):
     assert report["differing_trees_max_min_rel_gap"] is None or report["differing_trees_max_min_rel_gap"] < 1e-2
 
 
-# The kernel changes only rounding, but the trained pair's outputs part from no-spec's at bf16 ties on most prompts
-# (20 of 32 on the H200), and the accept length then follows the continuation: measured trial / plain -0.9 % at
-# (5,1,6) and +3.3 % at (5,4,16) (4 x H200, 2026-11-27). A verify attention that lowers acceptance (a wrong mask or
-# scale) shows up here and as departures from no-spec; 5 % allows the continuation's spread.
-VA_ACCEPT_DROP = 0.05
 # "tp1-long": about 2000-token prompts (all the code prompts, rotated, ten times over) without deterministic
 # inference, so that each request's prefix splits over several programs in the verify attention (one per
 # kernels.verify_attention.SPLIT_TOKENS of it; deterministic inference keeps one pass).
@@ -270,42 +271,46 @@ LONG_PROMPTS = ["\n".join((PROMPTS[i:] + PROMPTS[:i]) * 10) for i in range(8)]
 
 
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp1-long"])
-def test_verify_attention_trial_is_lossless(parallel, tmp_path):
-    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1: the target verify attends through our kernel
-    (verify.TreeVerifyAttention). Pass, on the trained pair at a chain and a tree: tie-aware equal to no-spec
-    (``tp1-long`` too: batch-dependent rounding stays far inside the tie bound; without the trial reported), the
-    accept length not below
-    the same shapes' without the trial by more than VA_ACCEPT_DROP, our kernel counted in ``/server_info`` and no
-    kernel error."""
+def test_verify_attention_is_lossless(parallel, tmp_path):
+    """The target verify attending through our kernel (verify.TreeVerifyAttention, the default; ``ours``) against
+    SGLang's (``VERIFY_ATTENTION_ENV=0``; ``sglang``). Pass, on the trained pair at a chain and a tree: ours
+    tie-aware equal to no-spec (``tp1-long`` too: batch-dependent rounding stays far inside the tie bound; SGLang's
+    reported), its accept length at least ACCEPT_SHARE["ours"] of SGLang's attention's, each server's report naming
+    the attention it ran, our kernel counted in ``/server_info`` and no kernel error."""
     from sgl_eagle_triton import config
+    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
 
     long = parallel.endswith("-long")
     target, draft, _ = _pair("tiny-code-eagle3", tmp_path)
     flags, env = _parallel(parallel.removesuffix("-long"))
-    trial = {**(env or {}), config.EXPERIMENTAL_VERIFY_ATTENTION_ENV: "1"}
+    sglangs = {**(env or {}), config.VERIFY_ATTENTION_ENV: "0"}
     server = functools.partial(e2e_server, deterministic=not long)
     servers = {"nospec": functools.partial(server, "va-nospec", target, flags, tmp_path, env=env)}
     for steps, topk, n in CONFIGS:
         spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
                 "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
                 "--speculative-num-draft-tokens", str(n), *flags]
-        servers["trial", n] = functools.partial(server, f"va-trial-{n}", target, spec, tmp_path, env=trial)
-        servers["plain", n] = functools.partial(server, f"va-plain-{n}", target, spec, tmp_path, env=env)
-    keys = [("trial", n) for _, _, n in CONFIGS]
+        servers["ours", n] = functools.partial(server, f"va-ours-{n}", target, spec, tmp_path, env=env)
+        servers["sglang", n] = functools.partial(server, f"va-sglang-{n}", target, spec, tmp_path, env=sglangs)
+    keys = [(attention, n) for _, _, n in CONFIGS for attention in ("ours", "sglang")]
     serve = functools.partial(serve_generate, prompts=LONG_PROMPTS) if long else serve_all
     results, infos = serve_concurrently(servers, serve, keys, one_at_a_time=parallel.startswith(("tp2", "tp4")))
     report = {}
     for _, _, n in CONFIGS:
-        trial_result, plain = results["trial", n], results["plain", n]
-        report[n] = {"accept_length": {"trial": trial_result["accept_length"], "plain": plain["accept_length"]},
-                     "vs_nospec": verdicts(trial_result, results["nospec"]),
-                     "plain_vs_nospec": verdicts(plain, results["nospec"]),
-                     "ran": infos["trial", n]["eagle_triton"]["ran"].get("triton verify_attention", 0)}
+        ours, sglangs = results["ours", n], results["sglang", n]
+        report[n] = {"accept_length": {"ours": ours["accept_length"], "sglang": sglangs["accept_length"]},
+                     "vs_nospec": verdicts(ours, results["nospec"]),
+                     "sglang_vs_nospec": verdicts(sglangs, results["nospec"]),
+                     "attention": {a: infos[a, n]["eagle_triton"]["kernels"]["verify attention"]
+                                   for a in ("ours", "sglang")},
+                     "ran": infos["ours", n]["eagle_triton"]["ran"].get("triton verify_attention", 0)}
     print(json.dumps(report, indent=1))
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"e2e-verify-attention-{parallel}.json"), "w") as f:
             json.dump(report, f, indent=1)
     for n, entry in report.items():
         assert not entry["vs_nospec"]["bugs"], (n, entry)
-        assert entry["accept_length"]["trial"] >= entry["accept_length"]["plain"] * (1 - VA_ACCEPT_DROP), (n, entry)
-        assert entry["ran"] > 0 and infos["trial", n]["eagle_triton"]["errors"] == [], (n, entry)
+        assert entry["accept_length"]["ours"] >= entry["accept_length"]["sglang"] * ACCEPT_SHARE["ours"], (n, entry)
+        assert entry["attention"]["ours"] == VERIFY_ATTENTION_IN_USE, entry
+        assert entry["attention"]["sglang"] == "SGLang's TritonAttnBackend (turned off)", entry
+        assert entry["ran"] > 0 and infos["ours", n]["eagle_triton"]["errors"] == [], (n, entry)

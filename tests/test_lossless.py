@@ -26,3 +26,13 @@ def test_length_mismatch_is_judged_where_it_starts():
 def test_top2_from_meta_info():
     meta = {"output_top_logprobs": [[(-0.1, 5, None), (-3.0, 8, None)], [(-0.7, 6, None), (-0.75, 9, None)]]}
     assert top2_logprobs(meta) == [[-0.1, -3.0], [-0.7, -0.75]]
+
+
+def test_accept_share_follows_the_verify_attention_that_ran():
+    """tests.e2e.accept_share: the looser share only where the server says our verify attention ran."""
+    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
+    from tests.e2e import ACCEPT_SHARE, accept_share
+
+    assert accept_share({"kernels": {"verify attention": VERIFY_ATTENTION_IN_USE}}) == ACCEPT_SHARE["ours"] == 0.95
+    assert accept_share({"kernels": {"verify attention": "SGLang's FlashInferAttnBackend (...)"}}) == 0.98
+    assert accept_share({"kernels": {}}) == ACCEPT_SHARE["sglang"]

@@ -218,14 +218,16 @@ def test_refused_at_start(extra, message):
 
 
 def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypatch, eagle1_pair):
-    """EAGLE-3 drafts at --tp 2 and 4 start (GPU-tested); other TP sizes and EAGLE-1 drafts under TP only with
-    config.EXPERIMENTAL_TP_ENV=1; --pp > 1 never."""
+    """EAGLE-3 drafts at --tp 2 and 4 and EAGLE-1 drafts at --tp 2 start (GPU-tested); other TP sizes, and EAGLE-1
+    drafts at --tp 4, only with config.EXPERIMENTAL_TP_ENV=1; --pp > 1 never."""
     monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV, raising=False)
     assert _args("--tp", "2").tp_size == 2 and _args("--tp", "4").tp_size == 4
     target, draft = eagle1_pair
-    eagle1_trial = "EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp 2 yet"
+    assert _args("--tp", "2", target=str(target), draft=str(draft)).tp_size == 2
+    eagle1_trial = ("EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp 4 yet: built, not yet run end to end on "
+                    "GPUs. Use --tp 1, an EAGLE-3 draft at --tp 2 or 4 (EAGLE-1 at --tp 2)")
     with pytest.raises(EagleTritonConfigError, match=re.escape(eagle1_trial)):
-        _args("--tp", "2", target=str(target), draft=str(draft))
+        config._check_tensor_parallel_trial(SimpleNamespace(tp_size=4), config.EAGLE)
     # a size the draft's heads allow but no GPU test ran (the trained pair's 4 heads allow only 1, 2, 4)
     with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 8 yet: built, not yet run end to end on GPUs. "
                                                                "Use --tp 1, an EAGLE-3 draft at --tp 2 or 4")):
@@ -312,7 +314,7 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     refused("--speculative-num-draft-tokens 5 with steps=3, topk=1", {config.ADAPTIVE_DRAFT_TOKENS_KEY: {
         "1": 2, "3": [1, 5], "5": 32}})
     monkeypatch.setenv(config.DRAFT_CHECK_ENV, "/tmp/check")
-    refused("SGL_EAGLE_TRITON_DRAFT_CHECK with adaptive candidates narrower", mixed, extra=["--disable-cuda-graph"])
+    refused("SGLANG_EAGLE_TRITON_DRAFT_CHECK with adaptive candidates narrower", mixed, extra=["--disable-cuda-graph"])
 
 
 def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
@@ -343,12 +345,15 @@ def test_adaptive_policy_is_chosen_in_the_config_file(tmp_path, monkeypatch):
     assert config.adaptive_policy(_args("--speculative-adaptive")) == "sglang"
     with pytest.raises(EagleTritonConfigError, match="'cost' with --disable-cuda-graph"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--disable-cuda-graph")
-    # each TP rank times its own cycles: rank 0 decides for all, a trial until run on GPUs
-    with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 2 without SGL_EAGLE_TRITON_EXPERIMENTAL_TP=1"):
-        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp", "2")
-    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
+    # each TP rank times its own cycles: rank 0 decides for all; run on GPUs at --tp 2, a trial at other sizes
     assert config.adaptive_policy(_args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp",
                                         "2")) == "cost"
+    with pytest.raises(EagleTritonConfigError, match="'cost' with --tp 4 without "
+                       "SGLANG_EAGLE_TRITON_EXPERIMENTAL_TP=1 .* at --tp 1 or 2 only"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp", "4")
+    monkeypatch.setenv(config.EXPERIMENTAL_TP_ENV, "1")
+    assert config.adaptive_policy(_args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--tp",
+                                        "4")) == "cost"
     monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV)
     cfg.write_text(json.dumps({"eagle_triton_policy": "greedy", "1": {"candidate_steps": [0, 1]}}))
     with pytest.raises(EagleTritonConfigError, match="eagle_triton_policy 'greedy'"):
@@ -418,7 +423,7 @@ def test_tree_aware_simulated_acceptance_only_in_benchmark_mode(monkeypatch):
 
     monkeypatch.setenv(simulated_acceptance.PROFILE_ENV, "llama31-8b-eagle3")
     monkeypatch.delenv(simulated_acceptance.BENCHMARK_ENV, raising=False)
-    with pytest.raises(EagleTritonConfigError, match="SGL_EAGLE_TRITON_BENCHMARK=1"):
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_BENCHMARK=1"):
         _args()
     monkeypatch.setenv(simulated_acceptance.BENCHMARK_ENV, "1")
     assert _args().speculative_algorithm == "EAGLE_TRITON"
@@ -467,10 +472,26 @@ def test_stack_dump_diagnostics_arm_a_faulthandler_timer(monkeypatch):
     assert armed == [(120.0, True)]
 
 
-def test_the_verify_attention_trial_starts_only_where_its_kernel_runs(monkeypatch):
-    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1: a triton, page-1, 16-bit server starts; another backend, a
-    paged or FP8 pool is refused (the kernel would never run there)."""
-    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+def test_verify_attention_1_starts_only_where_its_kernel_runs(monkeypatch):
+    """VERIFY_ATTENTION_ENV=1 (ours required): a triton, page-1, 16-bit server starts; another backend, a paged or FP8
+    pool is refused (the kernel would never run there). Unset ("auto") or 0 those servers start (SGLang's verify
+    attention there); another value, or the retired trial variable, is refused with what to set instead."""
+    for flags in (("--attention-backend", "flashinfer"), ("--attention-backend", "triton", "--page-size", "16"),
+                  ("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")):
+        _args(*flags)
+        monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
+        _args(*flags)
+        monkeypatch.delenv(config.VERIFY_ATTENTION_ENV)
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "yes")
+    with pytest.raises(EagleTritonConfigError, match="Use one of auto, 1, 0"):
+        _args("--attention-backend", "triton")
+    monkeypatch.delenv(config.VERIFY_ATTENTION_ENV)
+    for retired in config.RETIRED_VERIFY_ATTENTION_ENVS:
+        monkeypatch.setenv(retired, "1")
+        with pytest.raises(EagleTritonConfigError, match=f"{retired} any more.*{config.VERIFY_ATTENTION_ENV}=1"):
+            _args("--attention-backend", "triton")
+        monkeypatch.delenv(retired)
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
     _args("--attention-backend", "triton")
     with pytest.raises(EagleTritonConfigError, match="with the flashinfer attention backend"):
         _args("--attention-backend", "flashinfer")
@@ -487,8 +508,9 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
 
     from sgl_eagle_triton import verify
 
-    def runner(draft=False, algorithm="EAGLE_TRITON"):
-        return SimpleNamespace(is_draft_worker=draft, server_args=SimpleNamespace(speculative_algorithm=algorithm))
+    def runner(draft=False, algorithm="EAGLE_TRITON", page_size=1, kv_cache_dtype="auto"):
+        return SimpleNamespace(is_draft_worker=draft, server_args=SimpleNamespace(
+            speculative_algorithm=algorithm, page_size=page_size, kv_cache_dtype=kv_cache_dtype))
 
     def fresh():
         backend = TritonAttnBackend.__new__(TritonAttnBackend)
@@ -498,10 +520,14 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
     def hook(backend, **kwargs):  # as SGLang calls the hooked function: keywords only
         return plugin.verify_attention_backend(backend, resolved=None, init_new_workspace=False, **kwargs)
 
-    assert type(hook(fresh(), model_runner=runner())) is TritonAttnBackend  # no knob
-    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
-    swapped = hook(fresh(), model_runner=runner())
+    swapped = hook(fresh(), model_runner=runner())  # the default ("auto")
     assert type(swapped) is verify.TreeVerifyAttention and swapped._sglang_extend_attention_fwd == "sglang's kernel"
+    assert type(hook(fresh(), model_runner=runner(page_size=16))) is TritonAttnBackend  # pools it does not read
+    assert type(hook(fresh(), model_runner=runner(kv_cache_dtype="fp8_e5m2"))) is TritonAttnBackend
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
+    assert type(hook(fresh(), model_runner=runner())) is TritonAttnBackend  # turned off
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
+    assert type(hook(fresh(), model_runner=runner())) is verify.TreeVerifyAttention
     assert type(hook(fresh(), model_runner=runner(draft=True))) is TritonAttnBackend
     assert type(hook(fresh(), model_runner=runner(algorithm="EAGLE3"))) is TritonAttnBackend
     other = SimpleNamespace()

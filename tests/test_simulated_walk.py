@@ -110,7 +110,7 @@ def test_environment_checks(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     assert simulated_acceptance.misconfigured() is None and not simulated_acceptance.active()
     monkeypatch.setenv(simulated_acceptance.PROFILE_ENV, "llama31-8b-eagle3")
-    assert "without SGL_EAGLE_TRITON_BENCHMARK=1" in simulated_acceptance.misconfigured()
+    assert "without SGLANG_EAGLE_TRITON_BENCHMARK=1" in simulated_acceptance.misconfigured()
     monkeypatch.setenv(simulated_acceptance.BENCHMARK_ENV, "1")
     assert simulated_acceptance.active()
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")

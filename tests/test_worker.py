@@ -177,7 +177,8 @@ def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, 
     assert len(report["errors"]) == 1 and "triton verify_tree_greedy did not run in the first greedy verify" in (
         report["errors"][0])
     assert report["errors"][0] in caplog.text
-    assert report["sglang_version"] == sglang.__version__ and report["kernels"] == worker.KERNELS_IN_USE
+    assert report["sglang_version"] == sglang.__version__
+    assert report["kernels"] == {**worker.KERNELS_IN_USE, "verify attention": "not yet built"}
 
 
 def test_first_verify_through_the_swapped_names_is_ours(monkeypatch, fresh_counts, device):
@@ -633,19 +634,29 @@ def test_rank_zero_decides_broadcasts_over_the_tp_cpu_group():
     assert worker.rank_zero_decides(group)(3) == 7 and group.calls == [(3, 0)]
 
 
-def test_the_verify_attention_trial_refuses_to_start_without_our_backend(monkeypatch):
-    """SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1 and a target backend the hook did not swap: refuse to start,
-    rather than run SGLang's verify attention under the trial's name."""
+def test_the_verify_attention_in_use_is_reported_and_required_under_1(monkeypatch):
+    """Which attention the target verify runs, as the start-up log and /server_info say it: ours once the hook
+    swapped the backend, else SGLang's and why; ``VERIFY_ATTENTION_ENV=1`` and a backend the hook did not swap:
+    refuse to start rather than run SGLang's verify attention under our name."""
+    from types import SimpleNamespace
+
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
+    args = SimpleNamespace(page_size=1, kv_cache_dtype="auto")
     plain = TritonAttnBackend.__new__(TritonAttnBackend)
-    worker.check_verify_attention(plain)  # no trial: nothing to check
-    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
-    with pytest.raises(RuntimeError, match="not ours"):
-        worker.check_verify_attention(plain)
     ours = TritonAttnBackend.__new__(TritonAttnBackend)
     ours.extend_attention_fwd = "SGLang's kernel"  # set by TritonAttnBackend.__init__
-    worker.check_verify_attention(verify.tree_verify_attention(ours))
+    ours = verify.tree_verify_attention(ours)
+    assert worker.verify_attention_in_use(ours, args) == worker.VERIFY_ATTENTION_IN_USE
+    assert "SGLang's TritonAttnBackend (our kernel replaces" in worker.verify_attention_in_use(plain, args)
+    assert "(--kv-cache-dtype fp8_e4m3" in worker.verify_attention_in_use(
+        plain, SimpleNamespace(page_size=1, kv_cache_dtype="fp8_e4m3"))
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
+    assert worker.verify_attention_in_use(plain, args) == "SGLang's TritonAttnBackend (turned off)"
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
+    with pytest.raises(RuntimeError, match="not ours"):
+        worker.verify_attention_in_use(plain, args)
+    assert worker.verify_attention_in_use(ours, args) == worker.VERIFY_ATTENTION_IN_USE
 
 
 def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
@@ -661,6 +672,7 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
 
     def sglang_init(self, *args, **kwargs):
         self._target_worker = SimpleNamespace(model_runner=runner)
+        self.server_args = SimpleNamespace(page_size=1, kv_cache_dtype="auto")
         self.adaptive_controller, self.speculative_num_steps, self.topk = None, 3, 1
         self.speculative_num_draft_tokens = 4
 
@@ -668,7 +680,7 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
     monkeypatch.setattr(eagle_worker_v2.EAGLEWorkerV2, "__init__", sglang_init)
     monkeypatch.setattr(base_spec_worker.BaseSpecWorker, "init_attention_backends",
                         lambda self: setattr(runner, "attn_backend", TritonAttnBackend.__new__(TritonAttnBackend)))
-    monkeypatch.setenv(config.EXPERIMENTAL_VERIFY_ATTENTION_ENV, "1")
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
     monkeypatch.setenv(config.DRAFT_KIND_ENV, "eagle3")
     spec_worker = worker.EagleTritonWorkerV2()
     with pytest.raises(RuntimeError, match="not ours"):  # SGLang's plain backend: the hook did not reach it
