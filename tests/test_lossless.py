@@ -2,7 +2,7 @@
 
 from tests.lossless import tie_aware_compare, top2_logprobs
 
-TOP2 = [[-0.1, -3.0], [-0.7, -0.75], [-0.2, -2.0]]
+TOP2 = [[(-0.1, 5), (-3.0, 8)], [(-0.7, 6), (-0.75, 9)], [(-0.2, 7), (-2.0, 4)]]  # no-spec ids 5, 6, 7
 
 
 def test_identical():
@@ -12,6 +12,15 @@ def test_identical():
 def test_divergence_at_near_tie_is_allowed():
     v = tie_aware_compare([5, 9, 1], [5, 6, 7], TOP2)
     assert (v.kind, v.index) == ("tie", 1) and abs(v.margin - 0.05) < 1e-9
+
+
+def test_divergence_at_near_tie_to_a_token_not_the_runner_up_is_a_bug():
+    v = tie_aware_compare([5, 3, 1], [5, 6, 7], TOP2)
+    assert (v.kind, v.index) == ("bug", 1) and abs(v.margin - 0.05) < 1e-9
+
+
+def test_speculative_output_ending_first_at_a_near_tie_is_judged_by_the_margin():
+    assert tie_aware_compare([5], [5, 6, 7], TOP2).kind == "tie"
 
 
 def test_divergence_at_clear_margin_is_a_bug():
@@ -25,7 +34,7 @@ def test_length_mismatch_is_judged_where_it_starts():
 
 def test_top2_from_meta_info():
     meta = {"output_top_logprobs": [[(-0.1, 5, None), (-3.0, 8, None)], [(-0.7, 6, None), (-0.75, 9, None)]]}
-    assert top2_logprobs(meta) == [[-0.1, -3.0], [-0.7, -0.75]]
+    assert top2_logprobs(meta) == [[(-0.1, 5), (-3.0, 8)], [(-0.7, 6), (-0.75, 9)]]
 
 
 def test_accept_share_follows_the_verify_attention_that_ran():
