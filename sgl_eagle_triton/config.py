@@ -403,19 +403,25 @@ def verify_attention_mode() -> str:
     return os.environ.get(VERIFY_ATTENTION_ENV, "auto")
 
 
-def verify_attention_unserved(sa) -> str | None:
-    """Why our verify-attention kernel cannot serve a server of ``sa`` (its pool), None if it can; the backend
-    itself is checked where SGLang builds it (plugin.verify_attention_backend)."""
-    if (sa.page_size or 1) > 1:
-        return f"--page-size {sa.page_size} (the kernel reads page-1 pools)"
-    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
-        return f"--kv-cache-dtype {sa.kv_cache_dtype} (the kernel reads 16-bit pools)"
+def verify_attention_unserved(page_size: int | None, kv_cache_dtype) -> str | None:
+    """Why our verify-attention kernel cannot serve a KV pool of ``page_size`` and ``kv_cache_dtype``, None if it can:
+    the command line's ``--kv-cache-dtype`` name (``"auto"`` passes; SGLang may still resolve it to FP8 for an FP8
+    checkpoint) or the torch dtype the model runner resolved it to. The backend itself is checked where SGLang
+    builds it (plugin.verify_attention_backend); head dims per layer (verify.TreeVerifyAttention)."""
+    if (page_size or 1) > 1:
+        return f"--page-size {page_size} (the kernel reads page-1 pools)"
+    if isinstance(kv_cache_dtype, str):
+        if kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
+            return f"--kv-cache-dtype {kv_cache_dtype} (the kernel reads 16-bit pools)"
+    elif str(kv_cache_dtype) not in ("torch.bfloat16", "torch.float16"):
+        return f"a {str(kv_cache_dtype).removeprefix('torch.')} KV pool (the kernel reads 16-bit pools)"
     return None
 
 
-def verify_attention_wanted(sa) -> bool:
-    """Whether the target's triton backend should attend its verify through our kernel."""
-    return verify_attention_mode() != "0" and verify_attention_unserved(sa) is None
+def verify_attention_wanted(page_size: int | None, kv_cache_dtype) -> bool:
+    """Whether the target's triton backend should attend its verify through our kernel (arguments as
+    :func:`verify_attention_unserved`'s)."""
+    return verify_attention_mode() != "0" and verify_attention_unserved(page_size, kv_cache_dtype) is None
 
 
 def _check_verify_attention(sa) -> None:
@@ -435,7 +441,7 @@ def _check_verify_attention(sa) -> None:
         _refuse(f"{VERIFY_ATTENTION_ENV}=1 with the {', '.join(sorted(backends)) or 'default'} attention backend "
                 "(the kernel replaces the triton backend's verify attention)",
                 f"Use --attention-backend triton, or unset {VERIFY_ATTENTION_ENV}.")
-    unserved = verify_attention_unserved(sa)
+    unserved = verify_attention_unserved(sa.page_size, sa.kv_cache_dtype)
     if unserved is not None:
         _refuse(f"{VERIFY_ATTENTION_ENV}=1 with {unserved}", f"Change that, or unset {VERIFY_ATTENTION_ENV}.")
 

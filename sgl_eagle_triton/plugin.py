@@ -17,7 +17,7 @@ which adds the worker's kernel report to ``/server_info``, :func:`sgl_eagle_trit
 which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules, and
 :func:`sgl_eagle_triton.config.shared_logits_rows`, which sizes the target's shared CUDA-graph logits buffer for the
 widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too), and :func:`verify_attention_backend`,
-which under the verify-attention trial swaps an EAGLE_TRITON target's Triton backend for ours.
+which swaps an EAGLE_TRITON target's Triton backend for ours (the target verify's attention through our kernel).
 """
 
 from __future__ import annotations
@@ -104,11 +104,12 @@ def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
     """After-hook on SGLang's ``attention_backend_setup._build_resolved_backend`` (keyword ``model_runner``): an
     EAGLE_TRITON target's Triton backend attends its verify through our kernel (before any CUDA graph is captured;
     :func:`sgl_eagle_triton.verify.tree_verify_attention`) unless the server turned it off or its pool is one the
-    kernel does not read (config.verify_attention_wanted); drafts, other backends and other algorithms keep SGLang's.
+    kernel does not read (config.verify_attention_wanted, on the model runner's resolved page size and KV dtype);
+    drafts, other backends and other algorithms keep SGLang's.
     The worker reports which one attends (and refuses to start under ``VERIFY_ATTENTION_ENV=1`` if not ours)."""
     if (model_runner is not None and not getattr(model_runner, "is_draft_worker", False)
             and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME
-            and config.verify_attention_wanted(model_runner.server_args)):
+            and config.verify_attention_wanted(model_runner.page_size, model_runner.kv_cache_dtype)):
         from sgl_eagle_triton.verify import tree_verify_attention
 
         backend = tree_verify_attention(backend)

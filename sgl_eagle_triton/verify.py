@@ -36,7 +36,7 @@ from sgl_eagle_triton import ALGORITHM_NAME
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
-from sgl_eagle_triton.kernels.verify_attention import verify_attention
+from sgl_eagle_triton.kernels.verify_attention import MAX_HEAD_DIM, verify_attention
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
 
 logger = logging.getLogger(__name__)
@@ -225,10 +225,11 @@ class TreeVerifyAttention(TritonAttnBackend):
     (:mod:`sgl_eagle_triton.kernels.verify_attention`: one program per request, kv head and block of draft tokens x
     query heads) instead of SGLang's extend kernel (one program per request and query head, its 64-128 query rows
     mostly padding). Every other forward, and a verify the kernel does not serve (page size > 1, an FP8 or scaled
-    pool, sliding window, sinks, score mods, MLA, context parallelism), is SGLang's. Both of SGLang's paths are
-    covered: the two-stage ``extend_attention_fwd`` and, under ``--enable-deterministic-inference``, the unified
-    kernel (which reads the draft tokens' K/V back from the pool; ours takes them as SGLang stored them). The
-    default on the triton backend (config.VERIFY_ATTENTION_ENV: ``0`` turns it off)."""
+    pool, heads wider than MAX_HEAD_DIM, sliding window, sinks, score mods, MLA, context parallelism), is SGLang's.
+    Both of SGLang's paths are covered: the two-stage ``extend_attention_fwd`` and, under
+    ``--enable-deterministic-inference``, the unified kernel (which reads the draft tokens' K/V back from the pool;
+    ours takes them as SGLang stored them). The default on the triton backend (config.VERIFY_ATTENTION_ENV: ``0``
+    turns it off)."""
 
     _verify_layer = None  # the layer whose target verify is being computed (set around SGLang's forward_extend)
     _verify_kv = None  # and its draft tokens' own K / V, [T, Hkv, D] each
@@ -247,6 +248,7 @@ class TreeVerifyAttention(TritonAttnBackend):
     def _serves(self, layer, q, kwargs) -> bool:
         pool = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         return (self.page_size == 1 and self.dcp_size == 1 and not self.use_mla and layer.k_scale is None
+                and max(layer.qk_head_dim, layer.v_head_dim) <= MAX_HEAD_DIM
                 and q.dtype in MODEL_DTYPES and pool.dtype == q.dtype
                 and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
                 and kwargs.get("sinks") is None and kwargs.get("score_mod") is None

@@ -1,7 +1,8 @@
 """EAGLE_TRITON's workers: thin subclasses of SGLang's EAGLE V2 workers.
 
 SGLang's decode cycle stays SGLang's (scheduler, overlap, CUDA graphs, draft extend, target verify
-forward). The draft, its tree building and token selection are ours:
+forward, whose attention on the triton backend is ours: :class:`sgl_eagle_triton.verify.TreeVerifyAttention`,
+swapped in by the plugin's hook). The draft, its tree building and token selection are ours:
 
 - the draft: :meth:`TritonEagleDraftWorker.draft_forward` (the method SGLang's draft CUDA-graph
   runner captures) runs :class:`sgl_eagle_triton.drafter.FusedDrafter` of the tree shape in force, bound to
@@ -15,7 +16,7 @@ forward). The draft, its tree building and token selection are ours:
   the draft extend is replaced by a fill of the committed tokens' draft KV
   (:meth:`TritonEagleDraftWorker.fill_draft_kv`); the move back to drafting runs one more step at 0 with the full
   extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`);
-- under ``--tp`` > 1 (a trial): the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
+- under ``--tp`` > 1: the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
 
@@ -45,6 +46,7 @@ from contextlib import contextmanager
 
 import sglang
 import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
@@ -233,21 +235,30 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
         embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
 
 
-def verify_attention_in_use(backend, server_args) -> str:
+def verify_attention_in_use(backend, model_runner) -> str:
     """Which attention the target's verify runs (for the start-up log and ``/server_info``): ours if the plugin's hook
     swapped the target's backend to :class:`~sgl_eagle_triton.verify.TreeVerifyAttention` when SGLang built it, else
-    SGLang's backend and why. Under ``VERIFY_ATTENTION_ENV=1`` anything but ours refuses to start (RuntimeError):
-    SGLang's verify attention must not run under our name."""
+    SGLang's backend and why (the model runner's resolved page size and KV dtype; a Triton backend the hook should
+    have swapped is logged as a warning). Under ``VERIFY_ATTENTION_ENV=1`` anything but ours refuses to start
+    (RuntimeError): SGLang's verify attention must not run under our name."""
     if isinstance(backend, TreeVerifyAttention):
         return VERIFY_ATTENTION_IN_USE
     mode = config.verify_attention_mode()
-    why = ("turned off" if mode == "0" else config.verify_attention_unserved(server_args)
-           or f"our kernel replaces the triton backend's, not {type(backend).__name__}'s")
+    unserved = config.verify_attention_unserved(model_runner.page_size, model_runner.kv_cache_dtype)
+    if mode == "0":
+        why = "turned off"
+    elif unserved is not None:
+        why = unserved
+    elif type(backend) is TritonAttnBackend:
+        why = f"the plugin's hook on SGLang {sglang.__version__}'s _build_resolved_backend did not reach it"
+        logger.warning("%s: our verify attention did not replace SGLang's: %s", ALGORITHM_NAME, why)
+    else:
+        why = f"our kernel replaces the triton backend's, not {type(backend).__name__}'s"
     if mode == "1":
         raise RuntimeError(
             f"{ALGORITHM_NAME}: {config.VERIFY_ATTENTION_ENV}=1, but the target's attention backend is "
-            f"{type(backend).__name__}, not ours ({why}; or the hook on SGLang {sglang.__version__}'s "
-            f"_build_resolved_backend did not reach it). Use --attention-backend triton or unset the variable.")
+            f"{type(backend).__name__}, not ours ({why}). Use --attention-backend triton with a 16-bit KV cache of "
+            "page size 1, or unset the variable.")
     return f"SGLang's {type(backend).__name__} ({why})"
 
 
@@ -493,8 +504,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         worker's constructor, just before this call): logged, reported, refused under ``VERIFY_ATTENTION_ENV=1``
         unless ours."""
         super().init_attention_backends()
-        self.verify_attention = verify_attention_in_use(self.target_worker.model_runner.attn_backend,
-                                                        self.server_args)
+        runner = self.target_worker.model_runner
+        self.verify_attention = verify_attention_in_use(runner.attn_backend, runner)
         logger.info("%s: verify attention: %s", ALGORITHM_NAME, self.verify_attention)
 
     def init_cuda_graphs(self):

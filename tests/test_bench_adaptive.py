@@ -116,11 +116,11 @@ def test_lanes_on_several_cards_compare_with_their_own_cards_nospec(tmp_path, mo
     assert plotted == [4]
 
 
-@pytest.mark.parametrize(("key", "value"), [("env", "SGLANG_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION=1"),
+@pytest.mark.parametrize(("key", "value"), [("env", "SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0"),
                                             ("flags", "--attention-backend flashinfer")])
 def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, key, value):
-    """``--server-env`` (e.g. a trial's knob) or ``--server-flags`` (e.g. another attention backend): such rows keep
-    ``env`` / ``flags``, merge beside the plain ones and say so."""
+    """``--server-env`` (e.g. SGLang's verify attention back) or ``--server-flags`` (e.g. another attention backend):
+    such rows keep ``env`` / ``flags``, merge beside the plain ones and say so."""
     path = tmp_path / "a.json"
     plain = _row("eagle_triton_cost", 64, 9000.0)
     other = {**_row("eagle_triton_cost", 64, 9900.0), key: value}

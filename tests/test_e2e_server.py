@@ -49,8 +49,9 @@ CONFIGS = [(5, 1, 6), (5, 4, 16)]
 # --tp 4: one tree (three servers of four ranks, each started and served alone)
 TREES = {"tp1": CONFIGS, "tp2": CONFIGS, "tp4": [(5, 4, 16)]}
 # Measured (H100 and H200, 2026-11-26, tests/GPU.md): the trained pair's mean accept length per /generate request
-# of this workload, stock EAGLE3 (ours within 0.7 % of it); deterministic inference makes it repeat run to run.
-# Both must reach it within ACCEPT_MARGIN, and ours must stay within 2 % of stock's in the same run. Tensor
+# of this workload, stock EAGLE3 (ours within 0.7 % of it with SGLang's verify attention); deterministic inference
+# makes it repeat run to run. Both must reach it within ACCEPT_MARGIN, and ours must reach tests.e2e.accept_share of
+# stock's in the same run. Tensor
 # parallelism changes the target's rounding (bf16 all-reduces), and with it what is accepted (4 x H200): stock at
 # --tp 2 (2026-11-26) 1.913 / 2.182, 3 % under one GPU's; at --tp 4 (2026-11-27) 2.391 at (5,4,16), 7 % over it
 # (ours 2.381).

@@ -493,6 +493,12 @@ def test_verify_attention_1_starts_only_where_its_kernel_runs(monkeypatch):
         monkeypatch.delenv(retired)
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
     _args("--attention-backend", "triton")
+    with pytest.raises(EagleTritonConfigError, match="=1 with the flashinfer attention backend"):
+        _args("--attention-backend", "flashinfer")
+    with pytest.raises(EagleTritonConfigError, match="=1 with --page-size 16"):
+        _args("--attention-backend", "triton", "--page-size", "16")
+    with pytest.raises(EagleTritonConfigError, match="=1 with --kv-cache-dtype fp8_e4m3"):
+        _args("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")
     with pytest.raises(EagleTritonConfigError, match="with the flashinfer attention backend"):
         _args("--attention-backend", "flashinfer")
     with pytest.raises(EagleTritonConfigError, match="--page-size 16"):
@@ -508,9 +514,9 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
 
     from sgl_eagle_triton import verify
 
-    def runner(draft=False, algorithm="EAGLE_TRITON", page_size=1, kv_cache_dtype="auto"):
-        return SimpleNamespace(is_draft_worker=draft, server_args=SimpleNamespace(
-            speculative_algorithm=algorithm, page_size=page_size, kv_cache_dtype=kv_cache_dtype))
+    def runner(draft=False, algorithm="EAGLE_TRITON", page_size=1, kv_cache_dtype=torch.bfloat16):
+        return SimpleNamespace(is_draft_worker=draft, page_size=page_size, kv_cache_dtype=kv_cache_dtype,
+                               server_args=SimpleNamespace(speculative_algorithm=algorithm))
 
     def fresh():
         backend = TritonAttnBackend.__new__(TritonAttnBackend)
@@ -523,7 +529,8 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
     swapped = hook(fresh(), model_runner=runner())  # the default ("auto")
     assert type(swapped) is verify.TreeVerifyAttention and swapped._sglang_extend_attention_fwd == "sglang's kernel"
     assert type(hook(fresh(), model_runner=runner(page_size=16))) is TritonAttnBackend  # pools it does not read
-    assert type(hook(fresh(), model_runner=runner(kv_cache_dtype="fp8_e5m2"))) is TritonAttnBackend
+    assert type(hook(fresh(), model_runner=runner(kv_cache_dtype=torch.float8_e5m2))) is TritonAttnBackend
+    assert type(hook(fresh(), model_runner=runner(kv_cache_dtype=torch.float16))) is verify.TreeVerifyAttention
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
     assert type(hook(fresh(), model_runner=runner())) is TritonAttnBackend  # turned off
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")

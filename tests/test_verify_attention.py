@@ -24,6 +24,7 @@ CASES = [
     (4, None, 4, 8, 2, 64, False),         # chains: causal, no mask
     (2, [33, 65], 20, 4, 1, 80, True),     # 20 tokens x 4 heads: two row blocks; head dim not a power of two
     (1, [40], 72, 6, 2, 64, True),         # 72 tokens: two tree blocks; 3 heads a kv head, split across row blocks
+    (2, [17, 50], 8, 8, 2, 128, True),     # Llama head dim 128 (MAX_HEAD_DIM)
 ]
 
 
@@ -124,6 +125,12 @@ def test_int64_index_pointers(device, num_splits):
     wide = {**case, **{k: case[k].to(torch.int64) for k in ("qo_indptr", "kv_indptr", "mask_indptr")}}
     got = run(verify_attention, wide, device, num_splits=num_splits, split_tokens=64)
     assert (got - run(verify_attention_ref, case, "cpu")).abs().max() <= TOLERANCE[torch.bfloat16]
+
+
+def test_heads_wider_than_tested_are_refused():
+    case = make_case(1, [5], 2, 2, 1, 256, True, torch.bfloat16, seed=3, slots=20)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        run(verify_attention, case, "cpu")
 
 
 def test_splits_follow_the_batch():
@@ -244,8 +251,8 @@ def test_the_backend_runs_the_kernel_for_a_verify(monkeypatch, device, path, mas
 
 
 def test_the_backend_leaves_what_it_does_not_serve_to_sglang(monkeypatch):
-    """Other modes, an FP8 / scaled pool, a sliding window: SGLang's kernel; steps 0 (one_node_verify_attention)
-    undoes the swap."""
+    """Other modes, an FP8 / scaled pool, a sliding window, heads wider than MAX_HEAD_DIM: SGLang's kernel; steps 0
+    (one_node_verify_attention) undoes the swap."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -266,7 +273,9 @@ def test_the_backend_leaves_what_it_does_not_serve_to_sglang(monkeypatch):
                            SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc))
     backend.forward_extend(q, k, v, SimpleNamespace(**{**vars(layer), "sliding_window_size": 128}),
                            SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc))
-    assert len(sglang_ran) == 3
+    backend.forward_extend(q, k, v, SimpleNamespace(**{**vars(layer), "qk_head_dim": 256, "v_head_dim": 256}),
+                           SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, out_cache_loc=loc))
+    assert len(sglang_ran) == 4
     backend = verify.one_node_verify_attention(backend)
     assert type(backend) is verify.OneNodeVerifyAttention and backend.extend_attention_fwd == \
         backend._sglang_extend_attention_fwd

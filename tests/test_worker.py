@@ -642,21 +642,26 @@ def test_the_verify_attention_in_use_is_reported_and_required_under_1(monkeypatc
 
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    args = SimpleNamespace(page_size=1, kv_cache_dtype="auto")
+    runner = SimpleNamespace(page_size=1, kv_cache_dtype=torch.bfloat16)  # as the model runner resolved them
     plain = TritonAttnBackend.__new__(TritonAttnBackend)
     ours = TritonAttnBackend.__new__(TritonAttnBackend)
     ours.extend_attention_fwd = "SGLang's kernel"  # set by TritonAttnBackend.__init__
     ours = verify.tree_verify_attention(ours)
-    assert worker.verify_attention_in_use(ours, args) == worker.VERIFY_ATTENTION_IN_USE
-    assert "SGLang's TritonAttnBackend (our kernel replaces" in worker.verify_attention_in_use(plain, args)
-    assert "(--kv-cache-dtype fp8_e4m3" in worker.verify_attention_in_use(
-        plain, SimpleNamespace(page_size=1, kv_cache_dtype="fp8_e4m3"))
+    assert worker.verify_attention_in_use(ours, runner) == worker.VERIFY_ATTENTION_IN_USE
+    assert "(the plugin's hook on SGLang" in worker.verify_attention_in_use(plain, runner)  # wanted, not swapped
+    assert "our kernel replaces the triton backend's, not SimpleNamespace's" in worker.verify_attention_in_use(
+        SimpleNamespace(), runner)
+    fp8 = SimpleNamespace(page_size=1, kv_cache_dtype=torch.float8_e4m3fn)  # e.g. "auto" on an FP8 checkpoint
+    assert "(a float8_e4m3fn KV pool" in worker.verify_attention_in_use(plain, fp8)
+    assert "(--page-size 16" in worker.verify_attention_in_use(plain, SimpleNamespace(page_size=16,
+                                                                                      kv_cache_dtype=torch.float16))
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
-    assert worker.verify_attention_in_use(plain, args) == "SGLang's TritonAttnBackend (turned off)"
+    assert worker.verify_attention_in_use(plain, runner) == "SGLang's TritonAttnBackend (turned off)"
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
-    with pytest.raises(RuntimeError, match="not ours"):
-        worker.verify_attention_in_use(plain, args)
-    assert worker.verify_attention_in_use(ours, args) == worker.VERIFY_ATTENTION_IN_USE
+    for backend, model_runner in ((plain, runner), (plain, fp8)):
+        with pytest.raises(RuntimeError, match="not ours"):
+            worker.verify_attention_in_use(backend, model_runner)
+    assert worker.verify_attention_in_use(ours, runner) == worker.VERIFY_ATTENTION_IN_USE
 
 
 def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
@@ -668,11 +673,10 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.speculative import base_spec_worker, eagle_worker_v2
 
-    runner = SimpleNamespace()  # no attn_backend yet, as in SGLang until init_attention_backends
+    runner = SimpleNamespace(page_size=1, kv_cache_dtype=torch.bfloat16)  # attn_backend: set by init_attention_backends
 
     def sglang_init(self, *args, **kwargs):
         self._target_worker = SimpleNamespace(model_runner=runner)
-        self.server_args = SimpleNamespace(page_size=1, kv_cache_dtype="auto")
         self.adaptive_controller, self.speculative_num_steps, self.topk = None, 3, 1
         self.speculative_num_draft_tokens = 4
 

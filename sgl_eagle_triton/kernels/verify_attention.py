@@ -212,6 +212,7 @@ def _merge_splits_kernel(
 
 
 SPLIT_TOKENS = 512  # a request splits its prefix only into stretches at least this long
+MAX_HEAD_DIM = 128  # the head dims parity-tested (64, 80, 128); wider heads' tiles are untried (shared memory)
 MAX_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
 SPLITS_CAP = 64  # whatever that flag says (--triton-attention-split-tile-size can raise it into the hundreds)
 BUSY_PROGRAMS_PER_SM = 2  # splits are allowed until the batch's programs reach this many per SM
@@ -249,6 +250,8 @@ def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv
         raise ValueError(f"verify_attention: q and the pool in one of {MODEL_DTYPES}, got {q.dtype} / "
                          f"{k_buffer.dtype}")
     heads, kv_heads = q.shape[1], k_extend.shape[1]
+    if max(q.shape[2], v_extend.shape[2]) > MAX_HEAD_DIM:
+        raise ValueError(f"verify_attention: head dims up to {MAX_HEAD_DIM}, got {q.shape[2]} / {v_extend.shape[2]}")
     if heads % kv_heads:
         raise ValueError(f"verify_attention: {heads} query heads over {kv_heads} kv heads")
     group, dim, dim_v = heads // kv_heads, q.shape[2], v_extend.shape[2]
