@@ -3,19 +3,21 @@
 Speculative and plain decoding round bf16 differently (the verify pass computes positions with
 another kernel shape), so at a near-tie of the target's top-2 logits either token is the target's
 greedy choice. A speculative output is lossless for a prompt if its token ids equal the no-spec
-ids, or if at the first differing position it chose the no-spec run's runner-up and the no-spec
-top-1/top-2 log-prob margin is within a few bf16 ulps. A divergence at a larger margin, or to any
-other token, is a bug.
+ids, or if at the first differing position it chose the no-spec run's runner-up (one of its two
+best) and the no-spec top-1/top-2 log-prob margin is within what correct changes of kernel
+arithmetic were measured to move it. A divergence at a larger margin, or to any other token, is a
+bug.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# log-prob units. Correct changes of kernel arithmetic flipped the tiny target's greedy token at no-spec margins up
-# to 0.375 on the CPU and 0.3125 on GPUs, never from 0.5625 on (bench/results/2026-11-27-cpu-margin-shift.md);
-# 0.5 is the largest of those plus one bf16 step at its logits (0.125 at 16-32). docs/losslessness.md.
-TIE_MARGIN = 0.5
+# log-prob units: the most a single correct change of kernel arithmetic (tiling, bf16 probabilities, split-KV, exp2,
+# partial sums, prefill shapes) lowered the tiny target's greedy token against its best rival, measured on the CPU
+# over 2048 positions x 6 variants (bench/results/2026-11-27-cpu-margin-shift.md; flips seen up to 0.375 there and
+# 0.3125 on GPUs). docs/losslessness.md.
+TIE_MARGIN = 0.625
 
 
 @dataclass
@@ -35,9 +37,10 @@ def tie_aware_compare(spec_ids: list[int], nospec_ids: list[int],
     i = next((j for j, (a, b) in pairs if a != b), min(len(spec_ids), len(nospec_ids)))
     if i >= len(nospec_top2):
         return Verdict("bug", i, float("inf"))
-    (top1, _), (top2, runner_up) = nospec_top2[i]
+    (top1, first), (top2, second) = nospec_top2[i]
     margin = top1 - top2
-    flipped = i >= len(spec_ids) or spec_ids[i] == runner_up
+    # SGLang lists the two best by torch.topk, whose order at an exact tie need not be argmax's (the greedy token)
+    flipped = i >= len(spec_ids) or spec_ids[i] in (first, second)
     return Verdict("tie" if margin <= TIE_MARGIN and flipped else "bug", i, margin)
 
 

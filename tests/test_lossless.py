@@ -19,6 +19,12 @@ def test_divergence_at_near_tie_to_a_token_not_the_runner_up_is_a_bug():
     assert (v.kind, v.index) == ("bug", 1) and abs(v.margin - 0.05) < 1e-9
 
 
+def test_exact_tie_listed_in_either_order_is_a_tie():
+    """At an exact tie SGLang's top-2 (torch.topk) may list the rival first, the greedy token second."""
+    top2 = [[(-0.7, 9), (-0.7, 6)]]  # greedy (argmax) took 6
+    assert tie_aware_compare([9], [6], top2).kind == "tie"
+
+
 def test_speculative_output_ending_first_at_a_near_tie_is_judged_by_the_margin():
     assert tie_aware_compare([5], [5, 6, 7], TOP2).kind == "tie"
 
