@@ -476,8 +476,10 @@ def test_verify_attention_1_starts_only_where_its_kernel_runs(monkeypatch):
     """VERIFY_ATTENTION_ENV=1 (ours required): a triton, page-1, 16-bit server starts; another backend, a paged or FP8
     pool is refused (the kernel would never run there). Unset ("auto") or 0 those servers start (SGLang's verify
     attention there); another value, or the retired trial variable, is refused with what to set instead."""
-    for flags in (("--attention-backend", "flashinfer"), ("--attention-backend", "triton", "--page-size", "16"),
-                  ("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")):
+    unserved = {("--attention-backend", "flashinfer"): "=1 with the flashinfer attention backend",
+                ("--attention-backend", "triton", "--page-size", "16"): "=1 with --page-size 16",
+                ("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3"): "=1 with --kv-cache-dtype fp8_e4m3"}
+    for flags in unserved:
         _args(*flags)
         monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "0")
         _args(*flags)
@@ -493,18 +495,9 @@ def test_verify_attention_1_starts_only_where_its_kernel_runs(monkeypatch):
         monkeypatch.delenv(retired)
     monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
     _args("--attention-backend", "triton")
-    with pytest.raises(EagleTritonConfigError, match="=1 with the flashinfer attention backend"):
-        _args("--attention-backend", "flashinfer")
-    with pytest.raises(EagleTritonConfigError, match="=1 with --page-size 16"):
-        _args("--attention-backend", "triton", "--page-size", "16")
-    with pytest.raises(EagleTritonConfigError, match="=1 with --kv-cache-dtype fp8_e4m3"):
-        _args("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")
-    with pytest.raises(EagleTritonConfigError, match="with the flashinfer attention backend"):
-        _args("--attention-backend", "flashinfer")
-    with pytest.raises(EagleTritonConfigError, match="--page-size 16"):
-        _args("--attention-backend", "triton", "--page-size", "16")
-    with pytest.raises(EagleTritonConfigError, match="--kv-cache-dtype fp8_e4m3"):
-        _args("--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3")
+    for flags, message in unserved.items():
+        with pytest.raises(EagleTritonConfigError, match=message):
+            _args(*flags)
 
 
 def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(monkeypatch):
