@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.trace_breakdown import load_trace, stage_times
-from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES
+from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,8 +340,8 @@ def verify_attention(server: Server) -> str:
     """Row key ``verify_attention``: ``"ours"`` where an EAGLE_TRITON server's ``/server_info`` says its target
     verify attends through our kernel, else ``"sglang"`` (stock and no-spec servers: SGLang's backend)."""
     state = server.get_json("/server_info")["internal_states"][0]
-    kernel = state.get("eagle_triton", {}).get("kernels", {}).get("verify attention", "")
-    return "ours" if kernel.startswith("triton ") else "sglang"
+    kernel = state.get("eagle_triton", {}).get("kernels", {}).get("verify attention")
+    return "ours" if kernel == VERIFY_ATTENTION_IN_USE else "sglang"
 
 
 def write_report(rows: list[dict], json_path: Path) -> None:

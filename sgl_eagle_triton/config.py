@@ -41,6 +41,9 @@ EXPERIMENTAL_MIXED_TOPK_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
 # start; "0": SGLang's everywhere
 VERIFY_ATTENTION_ENV = "SGLANG_EAGLE_TRITON_VERIFY_ATTENTION"
 VERIFY_ATTENTION_MODES = ("auto", "1", "0")
+# what /server_info's kernels -> "verify attention" says where ours runs (worker.verify_attention_in_use; read by the
+# benchmarks' rows and the e2e tests)
+VERIFY_ATTENTION_IN_USE = "triton sgl_eagle_triton.kernels.verify_attention (the target verify's attention)"
 # the trial's variable before our kernel became the default (SGLang turns an SGL_ name into its SGLANG_ one)
 RETIRED_VERIFY_ATTENTION_ENVS = ("SGLANG_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION",
                                  "SGL_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENTION")

@@ -83,7 +83,6 @@ KERNELS_IN_USE = {
     "verify greedy": "triton sgl_eagle_triton.kernels.verify_greedy",
     "verify sampling": "triton sgl_eagle_triton.kernels.target_probs + tree_sampling",
 }
-VERIFY_ATTENTION_IN_USE = "triton sgl_eagle_triton.kernels.verify_attention (the target verify's attention)"
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
 
@@ -242,7 +241,7 @@ def verify_attention_in_use(backend, model_runner) -> str:
     have swapped is logged as a warning). Under ``VERIFY_ATTENTION_ENV=1`` anything but ours refuses to start
     (RuntimeError): SGLang's verify attention must not run under our name."""
     if isinstance(backend, TreeVerifyAttention):
-        return VERIFY_ATTENTION_IN_USE
+        return config.VERIFY_ATTENTION_IN_USE
     mode = config.verify_attention_mode()
     unserved = config.verify_attention_unserved(model_runner.page_size, model_runner.kv_cache_dtype)
     if mode == "0":

@@ -45,7 +45,7 @@ ACCEPT_SHARE = {"ours": 0.95, "sglang": 0.98}
 def accept_share(report: Mapping) -> float:
     """:data:`ACCEPT_SHARE` for an EAGLE_TRITON server by the verify attention its ``/server_info`` report
     (``internal_states[0]["eagle_triton"]``) says it ran."""
-    ours = report["kernels"].get("verify attention", "").startswith("triton ")
+    ours = report["kernels"].get("verify attention") == config.VERIFY_ATTENTION_IN_USE
     return ACCEPT_SHARE["ours" if ours else "sglang"]
 
 

@@ -164,7 +164,7 @@ def test_draft_shapes_follow_the_target():
 def test_rows_say_which_verify_attention_ran():
     """Row key ``verify_attention`` from a server's /server_info: ours only where an EAGLE_TRITON server reports
     our kernel (the default may fall back to SGLang's on other backends or pools)."""
-    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
+    from sgl_eagle_triton.config import VERIFY_ATTENTION_IN_USE
 
     class Stub:
         def __init__(self, state):

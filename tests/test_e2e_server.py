@@ -281,7 +281,7 @@ def test_verify_attention_is_lossless(parallel, tmp_path):
     SGLang's reported), its accept length at least ACCEPT_SHARE["ours"] of SGLang's attention's, each server's report
     naming the attention it ran, our kernel counted in ``/server_info`` and no kernel error."""
     from sgl_eagle_triton import config
-    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
+    from sgl_eagle_triton.config import VERIFY_ATTENTION_IN_USE
 
     long = parallel.endswith("-long")
     target, draft, _ = _pair("tiny-code-eagle3", tmp_path)

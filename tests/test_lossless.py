@@ -45,7 +45,7 @@ def test_top2_from_meta_info():
 
 def test_accept_share_follows_the_verify_attention_that_ran():
     """tests.e2e.accept_share: the looser share only where the server says our verify attention ran."""
-    from sgl_eagle_triton.worker import VERIFY_ATTENTION_IN_USE
+    from sgl_eagle_triton.config import VERIFY_ATTENTION_IN_USE
     from tests.e2e import ACCEPT_SHARE, accept_share
 
     assert accept_share({"kernels": {"verify attention": VERIFY_ATTENTION_IN_USE}}) == ACCEPT_SHARE["ours"] == 0.95

@@ -647,7 +647,7 @@ def test_the_verify_attention_in_use_is_reported_and_required_under_1(monkeypatc
     ours = TritonAttnBackend.__new__(TritonAttnBackend)
     ours.extend_attention_fwd = "SGLang's kernel"  # set by TritonAttnBackend.__init__
     ours = verify.tree_verify_attention(ours)
-    assert worker.verify_attention_in_use(ours, runner) == worker.VERIFY_ATTENTION_IN_USE
+    assert worker.verify_attention_in_use(ours, runner) == config.VERIFY_ATTENTION_IN_USE
     assert "(the plugin's hook on SGLang" in worker.verify_attention_in_use(plain, runner)  # wanted, not swapped
     assert "our kernel replaces the triton backend's, not SimpleNamespace's" in worker.verify_attention_in_use(
         SimpleNamespace(), runner)
@@ -661,7 +661,7 @@ def test_the_verify_attention_in_use_is_reported_and_required_under_1(monkeypatc
     for backend, model_runner in ((plain, runner), (plain, fp8)):
         with pytest.raises(RuntimeError, match="not ours"):
             worker.verify_attention_in_use(backend, model_runner)
-    assert worker.verify_attention_in_use(ours, runner) == worker.VERIFY_ATTENTION_IN_USE
+    assert worker.verify_attention_in_use(ours, runner) == config.VERIFY_ATTENTION_IN_USE
 
 
 def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
