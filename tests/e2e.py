@@ -17,7 +17,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.launcher import Server
 from sgl_eagle_triton.testing import CODE_PROMPTS
-from tests.lossless import tie_aware_compare, top2_logprobs
+from tests.lossless import TOP_LOGPROBS, tie_aware_compare, top_logprobs
 
 # The GPU bundle has no FA3 or xgrammar kernels; FlashInfer's JIT-compile on the host (docs/gpu.md).
 # Deterministic inference makes greedy outputs comparable across servers (tests/lossless.py).
@@ -105,15 +105,15 @@ MAX_NEW_TOKENS, CHAT_TOKENS = 128, 64
 
 
 def serve_generate(server: Server, with_logprobs: bool, prompts: Sequence[str] = tuple(PROMPTS)) -> dict:
-    """The ``prompts`` through ``/generate``, greedy: one by one (with the top-2 log-probs per position when
+    """The ``prompts`` through ``/generate``, greedy: one by one (with the no-spec log-probs per position when
     ``with_logprobs``, for :func:`verdicts`), then all at once; and the mean accept length of the former."""
     with ThreadPoolExecutor(len(prompts)) as pool:
-        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=2 if with_logprobs else 0) for p in prompts]
+        seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=TOP_LOGPROBS if with_logprobs else 0) for p in prompts]
         concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), prompts))
     return {
         "generate": [g["output_ids"] for g in seq],
         "generate_concurrent": [g["output_ids"] for g in concurrent],
-        "top2": [top2_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
+        "top": [top_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
         "accept_length": statistics.mean(g["meta_info"].get("spec_accept_length", 1.0) for g in seq),
     }
 
@@ -181,9 +181,9 @@ def verdicts(spec: dict, nospec: dict) -> dict:
     counts = {"identical": 0, "tie": 0, "bug": 0}
     bugs = []
     for key in ("generate", "generate_concurrent"):
-        for i, (ids, ref, top2) in enumerate(zip(spec[key], nospec["generate"], nospec["top2"], strict=True)):
-            v = tie_aware_compare(ids, ref, top2)
+        for i, (ids, ref, top) in enumerate(zip(spec[key], nospec["generate"], nospec["top"], strict=True)):
+            v = tie_aware_compare(ids, ref, top)
             counts[v.kind] += 1
             if v.kind == "bug":
-                bugs.append((key, i, v.index, v.margin))
+                bugs.append((key, i, v.index, v.margin, v.rank))
     return {"counts": counts, "bugs": bugs}

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.lossless import tie_aware_compare, top2_logprobs
+from tests.lossless import TOP_LOGPROBS, tie_aware_compare, top_logprobs
 
 CONTEXT_LEN = 1024
 SPEC_TREE = (5, 4, 8)  # (steps, topk, draft tokens) of the server under test
@@ -239,8 +239,8 @@ def reference_key(req: LoadRequest) -> str:
 
 
 def reference_body(req: LoadRequest) -> dict:
-    """``req`` for the no-spec server: not streamed, with the two best log-probs per position."""
-    return {**json.loads(reference_key(req)), "return_logprob": True, "top_logprobs_num": 2}
+    """``req`` for the no-spec server: not streamed, with the ``TOP_LOGPROBS`` best log-probs per position."""
+    return {**json.loads(reference_key(req)), "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
 
 
 def greedy_verdicts(mix: list[LoadRequest], outcomes: list[dict], reference: dict[str, dict]) -> dict:
@@ -250,10 +250,10 @@ def greedy_verdicts(mix: list[LoadRequest], outcomes: list[dict], reference: dic
     for req, out in zip(mix, outcomes, strict=True):
         if req.compare and out["finish"] == "length":
             ref = reference[reference_key(req)]
-            verdict = tie_aware_compare(out["output_ids"], ref["output_ids"], top2_logprobs(ref["meta_info"]))
+            verdict = tie_aware_compare(out["output_ids"], ref["output_ids"], top_logprobs(ref["meta_info"]))
             counts[verdict.kind] += 1
             if verdict.kind == "bug":
-                bugs.append({"idx": req.idx, "position": verdict.index, "margin": verdict.margin})
+                bugs.append({"idx": req.idx, "position": verdict.index, "margin": verdict.margin, "rank": verdict.rank})
     return {"counts": dict(counts), "bugs": bugs}
 
 

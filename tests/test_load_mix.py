@@ -26,6 +26,7 @@ from tests.load_mix import (
     reserved_tokens,
     summarize,
 )
+from tests.lossless import TOP_LOGPROBS
 from tests.tiny_models import TRAINED_PAIR
 
 MIX = build_mix()
@@ -168,13 +169,13 @@ def test_greedy_answers_are_compared_tie_aware_with_no_spec():
     body = {"text": "x", "sampling_params": {"max_new_tokens": 3}, "stream": True}
     req = LoadRequest(3, "generate", "/generate", body, compare=True)
     assert reference_body(req) == {"text": "x", "sampling_params": {"max_new_tokens": 3}, "return_logprob": True,
-                                   "top_logprobs_num": 2}
+                                   "top_logprobs_num": TOP_LOGPROBS}
     top = [[[-0.1, 7], [-3.0, 8]], [[-0.5, 9], [-0.6, 4]], [[-0.2, 1], [-4.0, 2]]]  # near-tie at position 1
     reference = {reference_key(req): {"output_ids": [7, 9, 1], "meta_info": {"output_top_logprobs": top}}}
     outs = [_out(finish="length", output_ids=ids) for ids in ([7, 9, 1], [7, 4, 0], [8, 9, 1])]
     verdicts = greedy_verdicts([req] * 3, outs, reference)
     assert verdicts["counts"] == {"identical": 1, "tie": 1, "bug": 1}
-    assert verdicts["bugs"] == [{"idx": 3, "position": 0, "margin": pytest.approx(2.9)}]
+    assert verdicts["bugs"] == [{"idx": 3, "position": 0, "margin": pytest.approx(2.9), "rank": 1}]
     assert greedy_verdicts([req], [_out(finish="abort", output_ids=[0])], reference)["counts"]["bug"] == 0
 
 

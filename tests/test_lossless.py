@@ -1,46 +1,59 @@
 """The tie-aware equality rule the e2e test applies (tests/lossless.py)."""
 
-from tests.lossless import tie_aware_compare, top2_logprobs
+from tests.lossless import TIE_MARGIN, tie_aware_compare, top_logprobs
 
-TOP2 = [[(-0.1, 5), (-3.0, 8)], [(-0.7, 6), (-0.75, 9)], [(-0.2, 7), (-2.0, 4)]]  # no-spec ids 5, 6, 7
+# no-spec ids 5, 6, 7; position 1 a near-tie of three (6, 9, 3 within 0.6), 2 listed best first
+TOP = [[(-0.1, 5), (-3.0, 8), (-3.5, 2)], [(-0.7, 6), (-0.75, 9), (-1.3, 3), (-1.4, 4)], [(-0.2, 7), (-2.0, 4)]]
 
 
 def test_identical():
-    assert tie_aware_compare([5, 6, 7], [5, 6, 7], TOP2).kind == "identical"
+    assert tie_aware_compare([5, 6, 7], [5, 6, 7], TOP).kind == "identical"
 
 
 def test_divergence_at_near_tie_is_allowed():
-    v = tie_aware_compare([5, 9, 1], [5, 6, 7], TOP2)
-    assert (v.kind, v.index) == ("tie", 1) and abs(v.margin - 0.05) < 1e-9
+    v = tie_aware_compare([5, 9, 1], [5, 6, 7], TOP)
+    assert (v.kind, v.index, v.rank) == ("tie", 1, 1) and abs(v.margin - 0.05) < 1e-9
 
 
-def test_divergence_at_near_tie_to_a_token_not_the_runner_up_is_a_bug():
-    v = tie_aware_compare([5, 3, 1], [5, 6, 7], TOP2)
-    assert (v.kind, v.index) == ("bug", 1) and abs(v.margin - 0.05) < 1e-9
+def test_divergence_to_a_third_token_within_the_margin_is_a_tie():
+    """bf16 logits tie three ways: a token listed third but within TIE_MARGIN of the top-1 is a tie."""
+    v = tie_aware_compare([5, 3], [5, 6, 7], TOP)
+    assert (v.kind, v.rank) == ("tie", 2) and abs(v.margin - 0.6) < 1e-9 and v.margin <= TIE_MARGIN
+
+
+def test_divergence_to_a_listed_token_beyond_the_margin_is_a_bug():
+    """Position 1: token 4 is listed, but 0.7 below the top-1 (the runner-up being close does not excuse it)."""
+    v = tie_aware_compare([5, 4, 1], [5, 6, 7], TOP)
+    assert (v.kind, v.index, v.rank) == ("bug", 1, 3) and abs(v.margin - 0.7) < 1e-9
+
+
+def test_divergence_to_an_unlisted_token_is_a_bug():
+    v = tie_aware_compare([5, 11, 1], [5, 6, 7], TOP)
+    assert (v.kind, v.index, v.rank) == ("bug", 1, -1) and abs(v.margin - 0.7) < 1e-9
 
 
 def test_exact_tie_listed_in_either_order_is_a_tie():
-    """At an exact tie SGLang's top-2 (torch.topk) may list the rival first, the greedy token second."""
-    top2 = [[(-0.7, 9), (-0.7, 6)]]  # greedy (argmax) took 6
-    assert tie_aware_compare([9], [6], top2).kind == "tie"
+    """At an exact tie SGLang's list (torch.topk) may put the rival first, the greedy token second."""
+    top = [[(-0.7, 9), (-0.7, 6)]]  # greedy (argmax) took 6
+    assert tie_aware_compare([9], [6], top).kind == "tie"
 
 
 def test_speculative_output_ending_first_at_a_near_tie_is_judged_by_the_margin():
-    assert tie_aware_compare([5], [5, 6, 7], TOP2).kind == "tie"
+    assert tie_aware_compare([5], [5, 6, 7], TOP).kind == "tie"
 
 
 def test_divergence_at_clear_margin_is_a_bug():
-    v = tie_aware_compare([8, 6, 7], [5, 6, 7], TOP2)
-    assert (v.kind, v.index) == ("bug", 0)
+    v = tie_aware_compare([8, 6, 7], [5, 6, 7], TOP)
+    assert (v.kind, v.index, v.rank) == ("bug", 0, 1)
 
 
 def test_length_mismatch_is_judged_where_it_starts():
-    assert tie_aware_compare([5, 6], [5, 6, 7], TOP2).kind == "bug"
+    assert tie_aware_compare([5, 6], [5, 6, 7], TOP).kind == "bug"
 
 
-def test_top2_from_meta_info():
-    meta = {"output_top_logprobs": [[(-0.1, 5, None), (-3.0, 8, None)], [(-0.7, 6, None), (-0.75, 9, None)]]}
-    assert top2_logprobs(meta) == [[(-0.1, 5), (-3.0, 8)], [(-0.7, 6), (-0.75, 9)]]
+def test_top_logprobs_from_meta_info():
+    meta = {"output_top_logprobs": [[(-0.1, 5, None), (-3.0, 8, None), (-4.0, 1, None)], [(-0.7, 6, None)]]}
+    assert top_logprobs(meta) == [[(-0.1, 5), (-3.0, 8), (-4.0, 1)], [(-0.7, 6)]]
 
 
 def test_accept_share_follows_the_verify_attention_that_ran():
