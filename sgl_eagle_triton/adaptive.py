@@ -16,8 +16,13 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
 - ``cost(s, bs)``: :class:`CycleCost` holds the device time of each state's CUDA graphs at each captured batch
   size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs,
   attention over real prefixes) measured online as the wall-clock cycle of the state in force minus its replay
-  time, per (state, batch bucket). A state never in force at a bucket is priced at its graphs alone (optimistic:
-  it is tried once when that makes it look best, then priced by what it did).
+  time, per (state, batch bucket). A drafting state never in force at a bucket is priced at its graphs plus the
+  smallest rest another drafting state showed there (steps 0, which skips the tree work, at its graphs alone):
+  optimistic, so it is tried once when that makes it look best, then priced by what it did.
+
+Decisions: every ``update_interval`` verifies, and at once when the batch pads to another captured size than the
+last decode step's (the value of a shape depends on the batch: a chain chosen at batch 1 costs twice as much at 64,
+and waiting for the next verifies would run the whole first stretch of a new batch in the old shape).
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -254,8 +259,12 @@ class CycleCost:
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
-        """The state's learnt rest at the batch's bucket; 0 while it has never been in force there."""
-        return self.rest.get((steps, self.bucket(batch_size)), 0.0)
+        """The state's learnt rest at the batch's bucket; while it has never been in force there, the smallest rest
+        another drafting state learnt there (steps 0 none: it runs no tree work), else 0."""
+        bucket = self.bucket(batch_size)
+        if (steps, bucket) in self.rest or steps == 0:
+            return self.rest.get((steps, bucket), 0.0)
+        return min((ms for (s, b), ms in self.rest.items() if b == bucket and s > 0), default=0.0)
 
     def cost(self, steps: int, batch_size: int) -> float:
         return self.graphs_ms(steps, batch_size) + self.rest_ms(steps, batch_size)
@@ -289,6 +298,7 @@ class CostAwarePolicy:
         self._verifies = 0
         self._clock = clock
         self._last_step: tuple[float, int, int] | None = None  # (time, steps, batch size) of the last decode step
+        self._bucket: int | None = None  # the captured size the last decode step's batch padded to
         self.switches = 0
 
     # -- AdaptiveSpeculativeParams' interface --------------------------------------------------------------------
@@ -301,12 +311,19 @@ class CostAwarePolicy:
         return None if self.cuda_graph_bs is None else list(self.cuda_graph_bs)
 
     def get_steps_for_batch(self, batch_size: int) -> int:
-        """Called before every decode step: the step count to put in force (also times the previous cycle)."""
+        """Called before every decode step: the step count to put in force (also times the previous cycle). When
+        the batch pads to another captured size than the last step's, the policy decides at once."""
         now = self._clock()
-        if self._last_step is not None and self.costs is not None:
-            then, steps, bs = self._last_step
-            if steps == self.current and bs == batch_size:
-                self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
+        if self.costs is not None:
+            if self._last_step is not None:
+                then, steps, bs = self._last_step
+                if steps == self.current and bs == batch_size:
+                    self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
+            bucket = self.costs.bucket(batch_size)
+            if bucket != self._bucket:
+                if self._bucket is not None:
+                    self._decide(batch_size)
+                self._bucket = bucket
         self._last_step = (now, self.current, batch_size)
         return self.current
 
@@ -331,23 +348,28 @@ class CostAwarePolicy:
             return None
         if self.trees:
             self._refresh_trees()
+        return self._decide(batch_size)
+
+    # -- the decision --------------------------------------------------------------------------------------------
+
+    def _decide(self, batch_size: int) -> int | None:
+        """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` times the current one
+        (every rank adopting rank 0's choice); returns it when it switched, else None."""
         best = self.best(batch_size)
         if best == self.current or self.value(best, batch_size) <= (1 + self.margin) * self.value(self.current,
                                                                                                 batch_size):
             best = self.current
         if self.agree is not None:
             best = self.agree(best)
-        if best != self.current:
-            logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
-                        "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
-                        self.expected_tokens(best), self.costs.cost(self.current, batch_size),
-                        self.costs.cost(best, batch_size))
-            self.current, self._since_switch, self._last_step = best, 0, None
-            self.switches += 1
-            return best
-        return None
-
-    # -- the decision --------------------------------------------------------------------------------------------
+        if best == self.current:
+            return None
+        logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
+                    "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
+                    self.expected_tokens(best), self.costs.cost(self.current, batch_size),
+                    self.costs.cost(best, batch_size))
+        self.current, self._since_switch, self._last_step = best, 0, None
+        self.switches += 1
+        return best
 
     def set_costs(self, costs: CycleCost) -> None:
         self.costs = costs

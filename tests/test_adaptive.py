@@ -77,6 +77,32 @@ def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
     assert sparse.graphs_ms(0, 32) == 16.0  # steps 0 has no graph at 32: its 8 scaled by the batch
 
 
+def test_a_drafting_state_never_in_force_is_priced_with_the_least_rest_seen_at_its_bucket():
+    """H200 sweep, batch 64: the 3-step chain's cycle was its graphs + 2.1 ms; the 1-step chain, priced at its
+    graphs alone, looked as good and was tried for nothing. Another drafting state's rest prices it now."""
+    c = CycleCost({(0, 64): 5.3, (1, 64): 6.2, (3, 64): 8.1, (7, 64): 14.5, (3, 1): 5.7})
+    c.rest[3, 64] = 2.1
+    c.rest[7, 64] = 3.0
+    assert c.cost(1, 64) == pytest.approx(6.2 + 2.1)  # the least rest of 3 and 7 there
+    assert c.cost(0, 64) == 5.3  # steps 0 runs no tree work: its graphs alone until tried
+    assert c.cost(3, 1) == 5.7  # nothing learnt at batch 1
+    c.rest[1, 64] = 0.6
+    assert c.cost(1, 64) == pytest.approx(6.8)  # its own rest once it has one
+
+
+def test_a_new_batch_size_is_decided_at_once_not_after_the_next_verifies():
+    """The sweep's rounds: a chain of 7 chosen alone at batch 1 stayed in force for the first verifies of a batch of
+    64 (about 10 cycles of 14.6 ms instead of 8 ms). The first decode step at another captured size decides."""
+    policy, verify = make_policy([0.9] * 7, update_interval=8)
+    for _ in range(100):
+        policy.get_steps_for_batch(1)
+        verify(1)
+    assert policy.current == 7
+    assert policy.get_steps_for_batch(64) == 3  # before any verify at 64
+    assert policy.get_steps_for_batch(40) == 3 and policy.switches >= 2  # same bucket: no new decision
+    assert policy.get_steps_for_batch(1) == 7
+
+
 def make_policy(rates, initial=3, **kw):
     policy = CostAwarePolicy([0, 1, 3, 7], initial, **kw)
     policy.set_costs(CycleCost(COSTS))
@@ -149,6 +175,18 @@ def test_tensor_parallel_ranks_adopt_rank_zeros_choice():
     assert ranks(agreed=False)[0] == [0, 3]  # without agreement the ranks part ways
     current, switched = ranks(agreed=True)
     assert current == [0, 0] and switched[0] == [0, 0] and all(s == [None, None] for s in switched[1:])
+
+
+def test_tensor_parallel_ranks_agree_at_a_batch_size_change_too():
+    """The decision at a new batch size goes through ``agree`` like the others: every rank sees the same batch sizes,
+    so every rank calls it at the same decode step."""
+    calls = []
+    policy = CostAwarePolicy([0, 3], 3, agree=lambda steps: calls.append(steps) or 0)
+    policy.expected_tokens = {0: 1.0, 3: 2.8}.get
+    policy.set_costs(CycleCost({(0, 1): 4.0, (3, 1): 6.0, (0, 64): 5.0, (3, 64): 13.5}))
+    assert policy.get_steps_for_batch(1) == 3 and calls == []  # the first step: nothing to change from
+    assert policy.get_steps_for_batch(64) == 0 and calls == [3]  # this rank would keep 3 (2.8 / 13.5 > 1 / 5)
+    assert policy.get_steps_for_batch(1) == 0 and calls == [3, 3]  # and go back to 3 at batch 1: rank 0 says 0
 
 
 def test_hysteresis_keeps_a_near_tie_and_settles_after_a_switch(monkeypatch):
