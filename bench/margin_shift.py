@@ -1,7 +1,7 @@
 """How far correct changes of bf16 kernel arithmetic move the tiny target's top-1/top-2 log-prob margin (CPU).
 
 Why: ``tests/lossless.py`` accepts a speculative output that differs from the no-spec one if, at the first
-difference, it took the no-spec runner-up and the no-spec top-1/top-2 margin is at most ``TIE_MARGIN``. That bound
+difference, it took a token no-spec rates at most ``TIE_MARGIN`` below its top-1 (among its 8 best). That bound
 must cover what legitimate kernel arithmetic (verify vs decode shapes, tiling, split-KV) does to the margin; this
 measures it for ``tests/assets/tiny-code-v1/target`` on ``CODE_PROMPTS`` (tokeniser defaults: BOS prepended).
 
