@@ -18,11 +18,14 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
   attention over real prefixes) measured online as the wall-clock cycle of the state in force minus its replay
   time, per (state, batch bucket). A drafting state never in force at a bucket is priced at its graphs plus the
   smallest rest another drafting state showed there (steps 0, which skips the tree work, at its graphs alone):
-  optimistic, so it is tried once when that makes it look best, then priced by what it did.
+  mostly optimistic, so it is tried once when that makes it look best, then priced by what it did (a shallower
+  state borrowing a deeper one's rest is overpriced: the rest grows with the verified tokens).
 
-Decisions: every ``update_interval`` verifies, and at once when the batch pads to another captured size than the
-last decode step's (the value of a shape depends on the batch: a chain chosen at batch 1 costs twice as much at 64,
-and waiting for the next verifies would run the whole first stretch of a new batch in the old shape).
+Decisions: every ``update_interval`` verifies, and as soon as the batch has padded to another captured size than at
+the last decision for two decode steps in a row (the value of a shape depends on the batch: a chain chosen at batch
+1 costs twice as much at 64, and waiting for the next verifies would run the whole first stretch of a new batch in
+the old shape), provided ``update_interval`` verifies have passed since the last switch (a batch hovering at a size
+boundary would otherwise switch at every step and never settle).
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -260,7 +263,8 @@ class CycleCost:
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
         """The state's learnt rest at the batch's bucket; while it has never been in force there, the smallest rest
-        another drafting state learnt there (steps 0 none: it runs no tree work), else 0."""
+        another drafting state learnt there (steps 0 none: it runs no tree work), else 0. Borrowed from a deeper
+        state it overprices a shallower one."""
         bucket = self.bucket(batch_size)
         if (steps, bucket) in self.rest or steps == 0:
             return self.rest.get((steps, bucket), 0.0)
@@ -298,7 +302,8 @@ class CostAwarePolicy:
         self._verifies = 0
         self._clock = clock
         self._last_step: tuple[float, int, int] | None = None  # (time, steps, batch size) of the last decode step
-        self._bucket: int | None = None  # the captured size the last decode step's batch padded to
+        self._decided_at: int | None = None  # the captured size the batch padded to at the last decision
+        self._last_bucket, self._held = None, 0  # the last decode step's captured size, and for how many steps
         self.switches = 0
 
     # -- AdaptiveSpeculativeParams' interface --------------------------------------------------------------------
@@ -312,7 +317,8 @@ class CostAwarePolicy:
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         """Called before every decode step: the step count to put in force (also times the previous cycle). When
-        the batch pads to another captured size than the last step's, the policy decides at once."""
+        the batch has padded to another captured size than at the last decision for two steps in a row, the policy
+        decides at once (once ``update_interval`` verifies have passed since the last switch)."""
         now = self._clock()
         if self.costs is not None:
             if self._last_step is not None:
@@ -320,10 +326,15 @@ class CostAwarePolicy:
                 if steps == self.current and bs == batch_size:
                     self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
             bucket = self.costs.bucket(batch_size)
-            if bucket != self._bucket:
-                if self._bucket is not None:
-                    self._decide(batch_size)
-                self._bucket = bucket
+            self._held = self._held + 1 if bucket == self._last_bucket else 1
+            self._last_bucket = bucket
+            if self._decided_at is None:
+                self._decided_at = bucket
+            elif (bucket != self._decided_at and self._held >= 2
+                  and min(self._verifies, self._since_switch) >= self.update_interval):
+                if self.trees:
+                    self._refresh_trees()  # the tokens counted so far belong to the state in force
+                self._decide(batch_size)
         self._last_step = (now, self.current, batch_size)
         return self.current
 
@@ -355,6 +366,7 @@ class CostAwarePolicy:
     def _decide(self, batch_size: int) -> int | None:
         """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` times the current one
         (every rank adopting rank 0's choice); returns it when it switched, else None."""
+        self._decided_at = self.costs.bucket(batch_size)
         best = self.best(batch_size)
         if best == self.current or self.value(best, batch_size) <= (1 + self.margin) * self.value(self.current,
                                                                                                 batch_size):

@@ -178,12 +178,15 @@ def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = Fa
 
 
 def verdicts(spec: dict, nospec: dict) -> dict:
-    counts = {"identical": 0, "tie": 0, "bug": 0}
-    bugs = []
+    """Tie-aware verdicts of ``spec``'s greedy outputs against ``nospec``'s; ``tie_ranks``: how many ties departed
+    to no-spec's n-th listed token (0 = listed first), to set beside stock's."""
+    counts, tie_ranks, bugs = {"identical": 0, "tie": 0, "bug": 0}, {}, []
     for key in ("generate", "generate_concurrent"):
         for i, (ids, ref, top) in enumerate(zip(spec[key], nospec["generate"], nospec["top"], strict=True)):
             v = tie_aware_compare(ids, ref, top)
             counts[v.kind] += 1
+            if v.kind == "tie":
+                tie_ranks[str(v.rank)] = tie_ranks.get(str(v.rank), 0) + 1
             if v.kind == "bug":
                 bugs.append((key, i, v.index, v.margin, v.rank))
-    return {"counts": counts, "bugs": bugs}
+    return {"counts": counts, "tie_ranks": tie_ranks, "bugs": bugs}

@@ -43,6 +43,8 @@ def tie_aware_compare(spec_ids: list[int], nospec_ids: list[int],
     if i >= len(nospec_top):
         return Verdict("bug", i, float("inf"))
     listed = nospec_top[i]
+    if len(listed) < 2:
+        return Verdict("bug", i, float("inf"))
     top1 = max(lp for lp, _ in listed)
     if i >= len(spec_ids):
         margin = top1 - sorted(lp for lp, _ in listed)[-2]

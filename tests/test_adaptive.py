@@ -98,9 +98,35 @@ def test_a_new_batch_size_is_decided_at_once_not_after_the_next_verifies():
         policy.get_steps_for_batch(1)
         verify(1)
     assert policy.current == 7
-    assert policy.get_steps_for_batch(64) == 3  # before any verify at 64
-    assert policy.get_steps_for_batch(40) == 3 and policy.switches >= 2  # same bucket: no new decision
+    assert policy.get_steps_for_batch(64) == 7  # one step at 64: the batch may only be passing
+    assert policy.get_steps_for_batch(64) == 3  # the second: decided, before any verify at 64
+    assert policy.get_steps_for_batch(40) == 3 and policy.switches == 2  # same bucket: no new decision
+    assert policy.get_steps_for_batch(1) == 3 and policy.get_steps_for_batch(1) == 3  # right after a switch: not yet
+    for _ in range(8):
+        verify(1)
     assert policy.get_steps_for_batch(1) == 7
+
+
+def test_a_batch_hovering_at_a_size_boundary_does_not_switch_at_every_step():
+    """Review finding: deciding at every bucket change, a batch alternating 8 / 9 switched 399 times in 400 steps and
+    never passed the settle window. A bucket decision needs the new size held two steps (and ``update_interval``
+    verifies since the last switch): here only the regular decisions run, every 8 verifies, at one parity."""
+    costs = {(1, 8): 5.0, (3, 8): 6.0, (1, 16): 5.0, (3, 16): 12.0}  # 3 best at 8, 1 best at 16
+    policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2)
+    policy.set_costs(CycleCost(costs))
+    rng = random.Random(2)
+    for step in range(400):
+        bs = 8 + step % 2
+        policy.get_steps_for_batch(bs)
+        policy.on_verify_complete(chain_verifies([0.8] * 3, policy.current, bs, rng), bs)
+    assert policy.switches <= 2 and policy._verifies > 300
+
+
+def test_no_decision_before_any_verify():
+    """At start the acceptance is the prior's: a batch-size change decides only after ``update_interval`` verifies."""
+    policy = CostAwarePolicy([0, 1, 3, 7], 3)
+    policy.set_costs(CycleCost(COSTS))
+    assert policy.get_steps_for_batch(1) == 3 and policy.get_steps_for_batch(64) == 3 and policy.switches == 0
 
 
 def make_policy(rates, initial=3, **kw):
@@ -180,13 +206,16 @@ def test_tensor_parallel_ranks_adopt_rank_zeros_choice():
 def test_tensor_parallel_ranks_agree_at_a_batch_size_change_too():
     """The decision at a new batch size goes through ``agree`` like the others: every rank sees the same batch sizes,
     so every rank calls it at the same decode step."""
-    calls = []
-    policy = CostAwarePolicy([0, 3], 3, agree=lambda steps: calls.append(steps) or 0)
+    calls, rank_zero = [], [3]
+    policy = CostAwarePolicy([0, 3], 3, update_interval=1, settle=0,
+                             agree=lambda steps: calls.append(steps) or rank_zero[0])
     policy.expected_tokens = {0: 1.0, 3: 2.8}.get
     policy.set_costs(CycleCost({(0, 1): 4.0, (3, 1): 6.0, (0, 64): 5.0, (3, 64): 13.5}))
     assert policy.get_steps_for_batch(1) == 3 and calls == []  # the first step: nothing to change from
-    assert policy.get_steps_for_batch(64) == 0 and calls == [3]  # this rank would keep 3 (2.8 / 13.5 > 1 / 5)
-    assert policy.get_steps_for_batch(1) == 0 and calls == [3, 3]  # and go back to 3 at batch 1: rank 0 says 0
+    assert policy.on_verify_complete([2], 1) is None and calls == [3]  # a regular decision: 3 kept
+    rank_zero[0] = 0
+    assert policy.get_steps_for_batch(64) == 3 and calls == [3]  # the first step at 64: no decision yet
+    assert policy.get_steps_for_batch(64) == 0 and calls == [3, 3]  # this rank would keep 3 (2.8 / 13.5 > 1 / 5)
 
 
 def test_hysteresis_keeps_a_near_tie_and_settles_after_a_switch(monkeypatch):

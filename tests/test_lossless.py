@@ -51,6 +51,11 @@ def test_length_mismatch_is_judged_where_it_starts():
     assert tie_aware_compare([5, 6], [5, 6, 7], TOP).kind == "bug"
 
 
+def test_a_position_listing_fewer_than_two_tokens_is_a_bug_not_a_crash():
+    assert tie_aware_compare([5, 9], [5, 6, 7], [[(-0.1, 5), (-3.0, 8)], [(-0.7, 6)]]).kind == "bug"
+    assert tie_aware_compare([5], [5, 6], [[(-0.1, 5), (-3.0, 8)], []]).kind == "bug"
+
+
 def test_top_logprobs_from_meta_info():
     meta = {"output_top_logprobs": [[(-0.1, 5, None), (-3.0, 8, None), (-4.0, 1, None)], [(-0.7, 6, None)]]}
     assert top_logprobs(meta) == [[(-0.1, 5), (-3.0, 8), (-4.0, 1)], [(-0.7, 6)]]

@@ -235,3 +235,19 @@ def test_a_tree_never_in_force_takes_the_nearest_trees_efficiency():
     policy = CostAwarePolicy([0, 1, 3, 5, 7], 3, trees={1: (8, 2), 3: (8, 8), 5: (8, 32), 7: (8, 64)})
     policy.efficiency = {1: 0.9, 5: 0.6}
     assert [policy.efficiency_of(s) for s in (1, 3, 5, 7)] == [0.9, 0.9, 0.6, 0.6]  # a tie: the shallower's
+
+
+def test_a_batch_size_decision_credits_the_tokens_so_far_to_the_tree_that_committed_them():
+    """Review finding: a switch at a batch-size change left the old tree's counted tokens to be divided by the new
+    tree's prediction at the next refresh (5 -> 1 gave the 1-step tree the ceiling efficiency 1.2)."""
+    policy = CostAwarePolicy([0, 1, 3, 5], 5, update_interval=8, settle=0, trees=TREES, evidence=ProfileEvidence())
+    policy.set_costs(CycleCost(TREE_COSTS))
+    policy._refresh_trees()
+    policy.get_steps_for_batch(1)
+    for _ in range(8):  # the 5-step tree at batch 1, committing about 5 tokens a request
+        policy.on_verify_complete([4] * 8, 1)
+    for _ in range(4):  # more, after the last regular decision
+        policy.on_verify_complete([4] * 8, 1)
+    policy.get_steps_for_batch(64)
+    assert policy.get_steps_for_batch(64) == 1  # decided in a crowd
+    assert set(policy.efficiency) == {5} and policy._observed == [0.0, 0]  # the 4 verifies went to the 5-step tree
