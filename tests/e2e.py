@@ -17,7 +17,15 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.launcher import Server
 from sgl_eagle_triton.testing import CODE_PROMPTS
-from tests.lossless import TOP_LOGPROBS, tie_aware_compare, top_logprobs
+from tests.lossless import (
+    TIE_MARGIN,
+    TOP_LOGPROBS,
+    deficits,
+    rescore_body,
+    rescored_bugs,
+    tie_aware_compare,
+    top_logprobs,
+)
 
 # The GPU bundle has no FA3 or xgrammar kernels; FlashInfer's JIT-compile on the host (docs/gpu.md).
 # Deterministic inference makes greedy outputs comparable across servers (tests/lossless.py).
@@ -111,6 +119,7 @@ def serve_generate(server: Server, with_logprobs: bool, prompts: Sequence[str] =
         seq = [server.generate(p, MAX_NEW_TOKENS, top_logprobs=TOP_LOGPROBS if with_logprobs else 0) for p in prompts]
         concurrent = list(pool.map(lambda p: server.generate(p, MAX_NEW_TOKENS), prompts))
     return {
+        "prompts": list(prompts),
         "generate": [g["output_ids"] for g in seq],
         "generate_concurrent": [g["output_ids"] for g in concurrent],
         "top": [top_logprobs(g["meta_info"]) for g in seq] if with_logprobs else None,
@@ -129,14 +138,36 @@ def serve_all(server: Server, with_logprobs: bool) -> dict:
     return result
 
 
+GREEDY_PATTERNS = ("generate", "generate_concurrent")  # serve_generate's, rescored
+REQUEST_PATTERNS = (*GREEDY_PATTERNS, "completions", "chat_concurrent", "chat_stream")  # serve_all's
+
+
+def rescore(nospec: Server, results: dict) -> None:
+    """Adds ``deficits`` to every result of :func:`serve_generate` in ``results`` (the no-spec one too, as the
+    control): per pattern and prompt, each output token's distance below the target's best when ``nospec``
+    teacher-forces the prompt and the output (tests/lossless.py)."""
+    first = next((r for r in results.values() if isinstance(r, dict) and "prompts" in r), None)
+    if first is None:
+        return
+    ids = [p if isinstance(p, list) else nospec.post_json("/tokenize", {"prompt": p})["tokens"]
+           for p in first["prompts"]]
+    for result in results.values():
+        if isinstance(result, dict) and "prompts" in result:
+            result["deficits"] = {
+                pattern: [deficits(nospec.post_json("/generate", rescore_body(prompt, out))["meta_info"], out)
+                          for prompt, out in zip(ids, result[pattern], strict=True)]
+                for pattern in GREEDY_PATTERNS}
+
+
 def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = False) -> tuple[dict, dict]:
     """Runs ``serve(server, with_logprobs)`` on every one of ``servers`` (key -> a started :class:`Server`, or a
     callable that starts one: it is called here and the server replaces it in ``servers``), log-probs for the key
     ``"nospec"``, once it is ready; reads ``/server_info``'s ``internal_states[0]`` of the servers of ``info_keys``;
-    stops every server, also on failure. All at once, or with ``one_at_a_time`` each started, served and stopped in
-    turn: servers of several ranks sharing GPUs stall one another (each card time-slices their NCCL kernels, which
-    spin until their peers on the other cards run: at ``--tp 4`` three servers at once decoded a tiny model at about
-    10 tokens per second, 4 x H200). Returns ``(results, infos)``, both keyed as ``servers``."""
+    then the no-spec server rescores every greedy output (:func:`rescore`); stops every server, also on failure.
+    All at once, or with ``one_at_a_time`` each started, served and stopped in turn, no-spec last: servers of
+    several ranks sharing GPUs stall one another (each card time-slices their NCCL kernels, which spin until their
+    peers on the other cards run: at ``--tp 4`` three servers at once decoded a tiny model at about 10 tokens per
+    second, 4 x H200). Returns ``(results, infos)``, both keyed as ``servers``."""
 
     def start(key) -> Server:
         if not isinstance(servers[key], Server):
@@ -156,11 +187,12 @@ def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = Fa
     results, infos = {}, {}
     try:
         if one_at_a_time:
-            for key in servers:
+            for key in sorted(servers, key=lambda k: k == "nospec"):
                 results[key] = serve(ready(start(key)), key == "nospec")
                 if key in info_keys:
                     infos[key] = info(key)
-                servers[key].stop()
+                if key != "nospec":
+                    servers[key].stop()
         else:
             for key in servers:
                 start(key)
@@ -170,6 +202,8 @@ def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = Fa
                 results = dict(zip(servers, pool.map(lambda key: serve(servers[key], key == "nospec"), servers),
                                    strict=True))
             infos = {key: info(key) for key in info_keys}
+        if "nospec" in servers:
+            rescore(servers["nospec"], results)
     finally:
         for server in servers.values():
             if isinstance(server, Server):
@@ -179,9 +213,11 @@ def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = Fa
 
 def verdicts(spec: dict, nospec: dict) -> dict:
     """Tie-aware verdicts of ``spec``'s greedy outputs against ``nospec``'s; ``tie_ranks``: how many ties departed
-    to no-spec's n-th listed token (0 = listed first), to set beside stock's."""
+    to no-spec's n-th listed token (0 = listed first), to set beside stock's. With :func:`rescore`'s deficits, every
+    output token further below the target's best than the tie margin, or than any no-spec token lies (the
+    control), is a bug too (``("rescored", pattern, prompt, position, deficit)``); ``rescored`` sums them up."""
     counts, tie_ranks, bugs = {"identical": 0, "tie": 0, "bug": 0}, {}, []
-    for key in ("generate", "generate_concurrent"):
+    for key in GREEDY_PATTERNS:
         for i, (ids, ref, top) in enumerate(zip(spec[key], nospec["generate"], nospec["top"], strict=True)):
             v = tie_aware_compare(ids, ref, top)
             counts[v.kind] += 1
@@ -189,4 +225,17 @@ def verdicts(spec: dict, nospec: dict) -> dict:
                 tie_ranks[str(v.rank)] = tie_ranks.get(str(v.rank), 0) + 1
             if v.kind == "bug":
                 bugs.append((key, i, v.index, v.margin, v.rank))
-    return {"counts": counts, "tie_ranks": tie_ranks, "bugs": bugs}
+    out = {"counts": counts, "tie_ranks": tie_ranks, "bugs": bugs}
+    if "deficits" in spec:
+        control = deficit_summary(nospec.get("deficits", {}))
+        bound = max(TIE_MARGIN, control["max"])
+        for key in GREEDY_PATTERNS:
+            bugs += [("rescored", key, *bug) for bug in rescored_bugs(spec["deficits"][key], bound)]
+        out["rescored"] = {"spec": deficit_summary(spec["deficits"]), "nospec_control": control, "bound": bound}
+    return out
+
+
+def deficit_summary(deficits_by_pattern: Mapping[str, list[list[float]]]) -> dict:
+    """How many rescored tokens, how many were not the target's argmax, and the largest deficit."""
+    rows = [d for pattern in deficits_by_pattern.values() for row in pattern for d in row]
+    return {"tokens": len(rows), "off_argmax": sum(d > 0 for d in rows), "max": max(rows, default=0.0)}

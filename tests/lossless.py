@@ -7,6 +7,12 @@ ids, or if at the first differing position it chose a token whose no-spec log-pr
 correct changes of kernel arithmetic were measured to move the greedy token against a rival
 (``TIE_MARGIN`` below the no-spec top-1). A divergence to a token further below, or to one the
 no-spec run did not list among its ``TOP_LOGPROBS`` best, is a bug.
+
+That judges each output up to its first departure. :func:`rescore_body` / :func:`deficits` judge every token:
+the no-spec server teacher-forces prompt + output in one prefill, and a token more than ``TIE_MARGIN`` below
+the target's best there is a bug wherever it stands. The no-spec output itself, rescored the same way, is the
+control: prefill and decode round differently too (and an FP8 KV cache is read by decode, not by the one
+prefill), so the bound is the larger of ``TIE_MARGIN`` and the control's largest deficit.
 """
 
 from __future__ import annotations
@@ -62,3 +68,27 @@ def top_logprobs(meta_info: dict) -> list[list[tuple[float, int]]]:
     """The listed best (log-prob, token id) per output position from SGLang's ``/generate`` meta_info (whose
     entries are ``(logprob, token_id, text)``; ask for ``top_logprobs_num=TOP_LOGPROBS``)."""
     return [[(entry[0], entry[1]) for entry in position] for position in meta_info["output_top_logprobs"]]
+
+
+def rescore_body(prompt_ids: list[int], output_ids: list[int]) -> dict:
+    """A ``/generate`` request that teacher-forces ``prompt_ids + output_ids`` through the no-spec server in one
+    prefill and returns, for every output position, the log-prob of the output token and the target's best
+    (``logprob_start_len`` = the last prompt token: SGLang lists a None, then one entry per later input token)."""
+    return {"input_ids": [*prompt_ids, *output_ids], "return_logprob": True, "top_logprobs_num": 1,
+            "logprob_start_len": len(prompt_ids) - 1,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}}
+
+
+def deficits(meta_info: dict, output_ids: list[int]) -> list[float]:
+    """Per output token, the target's top-1 log-prob minus the token's (0 where the token is its argmax), from the
+    response to :func:`rescore_body`; raises if the response does not list exactly ``output_ids``."""
+    tokens, top = meta_info["input_token_logprobs"][1:], meta_info["input_top_logprobs"][1:]
+    listed = [entry[1] for entry in tokens]
+    if listed != list(output_ids):
+        raise ValueError(f"rescoring listed other tokens than the output: {listed[:8]}... vs {output_ids[:8]}...")
+    return [max(best[0][0] - entry[0], 0.0) for entry, best in zip(tokens, top, strict=True)]
+
+
+def rescored_bugs(deficits_by_prompt: list[list[float]], bound: float = TIE_MARGIN) -> list[tuple[int, int, float]]:
+    """(prompt, position, deficit) wherever an output token lies more than ``bound`` below the target's best."""
+    return [(i, j, d) for i, row in enumerate(deficits_by_prompt) for j, d in enumerate(row) if d > bound]

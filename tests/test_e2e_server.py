@@ -33,6 +33,7 @@ from tests.e2e import (
     CHAT_TOKENS,
     MAX_NEW_TOKENS,
     PROMPTS,
+    REQUEST_PATTERNS,
     accept_share,
     e2e_server,
     serve_all,
@@ -104,7 +105,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
             "accept_length": {"eagle_triton": ours["accept_length"], "stock": stock["accept_length"]},
             "vs_nospec": {"eagle_triton": verdicts(ours, results["nospec"]),
                           "stock": verdicts(stock, results["nospec"])},
-            "equal_to_stock": {k: ours[k] == stock[k] for k in ours if k not in ("top", "accept_length")},
+            "equal_to_stock": {k: ours[k] == stock[k] for k in ours if k in REQUEST_PATTERNS},
         }
         report["configs"][f"{steps},{topk},{n}"] = entry
     print(json.dumps(report, indent=1))

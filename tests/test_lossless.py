@@ -1,5 +1,7 @@
 """The tie-aware equality rule the e2e test applies (tests/lossless.py)."""
 
+import pytest
+
 from tests.lossless import TIE_MARGIN, tie_aware_compare, top_logprobs
 
 # no-spec ids 5, 6, 7; position 1 a near-tie of three (6, 9, 3 within 0.6), 2 listed best first
@@ -69,3 +71,56 @@ def test_accept_share_follows_the_verify_attention_that_ran():
     assert accept_share({"kernels": {"verify attention": VERIFY_ATTENTION_IN_USE}}) == ACCEPT_SHARE["ours"] == 0.95
     assert accept_share({"kernels": {"verify attention": "SGLang's FlashInferAttnBackend (...)"}}) == 0.98
     assert accept_share({"kernels": {}}) == ACCEPT_SHARE["sglang"]
+
+
+def test_rescoring_teacher_forces_prompt_and_output_from_the_last_prompt_token():
+    from tests.lossless import rescore_body
+
+    body = rescore_body([1, 2, 3], [7, 8])
+    assert body["input_ids"] == [1, 2, 3, 7, 8] and body["logprob_start_len"] == 2
+    assert body["return_logprob"] and body["top_logprobs_num"] == 1
+
+
+def test_deficits_read_each_output_tokens_distance_below_the_best():
+    """SGLang's answer to rescore_body: a None entry for the last prompt token, then one per output token."""
+    from tests.lossless import deficits, rescored_bugs
+
+    meta = {"input_token_logprobs": [[None, 3, None], [-0.5, 7, None], [-1.5, 8, None]],
+            "input_top_logprobs": [None, [[-0.5, 7, None]], [[-0.7, 9, None]]]}
+    assert deficits(meta, [7, 8]) == [0.0, pytest.approx(0.8)]
+    assert rescored_bugs([[0.0, 0.8], [0.1]]) == [(0, 1, 0.8)]  # beyond TIE_MARGIN
+    assert rescored_bugs([[0.0, 0.8], [0.1]], bound=1.0) == []  # within a looser control bound
+    with pytest.raises(ValueError, match="other tokens"):
+        deficits(meta, [7, 9])
+
+
+class FakeNoSpec:
+    """A no-spec server whose target prefers token 100 + position after any prefix, token 5 tying at position 0."""
+
+    def post_json(self, path, body):
+        if path == "/tokenize":
+            return {"tokens": [1, 2]}
+        ids, start = body["input_ids"], body["logprob_start_len"]
+        out = ids[start + 1:]
+        tokens = [[None, ids[start], None]]
+        tokens += [[0.0 if t == 100 + j or (j, t) == (0, 5) else -1.0, t, None] for j, t in enumerate(out)]
+        return {"meta_info": {"input_token_logprobs": tokens,
+                              "input_top_logprobs": [None, *([[0.0, 100 + j, None]] for j in range(len(out)))]}}
+
+
+def test_rescoring_judges_the_tokens_after_a_tie_that_the_first_departure_rule_leaves_unchecked():
+    """A speculative output that takes the tied token 5 first, then a token 1.0 below the target's best: the first-
+    departure rule calls it a tie; the rescoring finds the bad token."""
+    from tests.e2e import rescore, verdicts
+
+    top = [[(0.0, 100), (0.0, 5)], [(0.0, 101), (-1.0, 6)], [(0.0, 102), (-1.0, 6)]]
+    nospec = {"prompts": ["p"], "generate": [[100, 101, 102]], "generate_concurrent": [[100, 101, 102]], "top": [top]}
+    spec = {"prompts": ["p"], "generate": [[5, 101, 7]], "generate_concurrent": [[100, 101, 102]]}
+    results = {"nospec": nospec, "spec": spec}
+    rescore(FakeNoSpec(), results)
+    assert nospec["deficits"]["generate"] == [[0.0, 0.0, 0.0]] and spec["deficits"]["generate"] == [[0.0, 0.0, 1.0]]
+    v = verdicts(spec, nospec)
+    assert v["counts"] == {"identical": 1, "tie": 1, "bug": 0} and v["tie_ranks"] == {"1": 1}
+    assert v["bugs"] == [("rescored", "generate", 0, 2, 1.0)]
+    assert v["rescored"] == {"spec": {"tokens": 6, "off_argmax": 1, "max": 1.0},
+                             "nospec_control": {"tokens": 6, "off_argmax": 0, "max": 0.0}, "bound": TIE_MARGIN}
