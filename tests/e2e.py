@@ -18,6 +18,7 @@ from sgl_eagle_triton import config
 from sgl_eagle_triton.launcher import Server
 from sgl_eagle_triton.testing import CODE_PROMPTS
 from tests.lossless import (
+    CONTROL_CEILING,
     TIE_MARGIN,
     TOP_LOGPROBS,
     deficits,
@@ -153,6 +154,7 @@ def rescore(nospec: Server, results: dict) -> None:
            for p in first["prompts"]]
     for result in results.values():
         if isinstance(result, dict) and "prompts" in result:
+            assert result["prompts"] == first["prompts"], "every server of a test serves the same prompts"
             result["deficits"] = {
                 pattern: [deficits(nospec.post_json("/generate", rescore_body(prompt, out))["meta_info"], out)
                           for prompt, out in zip(ids, result[pattern], strict=True)]
@@ -231,6 +233,8 @@ def verdicts(spec: dict, nospec: dict) -> dict:
         bound = max(TIE_MARGIN, control["max"])
         for key in GREEDY_PATTERNS:
             bugs += [("rescored", key, *bug) for bug in rescored_bugs(spec["deficits"][key], bound)]
+            bugs += [("rescored-control", key, *bug)
+                     for bug in rescored_bugs(nospec.get("deficits", {}).get(key, []), CONTROL_CEILING)]
         out["rescored"] = {"spec": deficit_summary(spec["deficits"]), "nospec_control": control, "bound": bound}
     return out
 

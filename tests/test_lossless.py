@@ -92,6 +92,23 @@ def test_deficits_read_each_output_tokens_distance_below_the_best():
     assert rescored_bugs([[0.0, 0.8], [0.1]], bound=1.0) == []  # within a looser control bound
     with pytest.raises(ValueError, match="other tokens"):
         deficits(meta, [7, 9])
+    meta["input_token_logprobs"][2][1] = 0  # SGLang lists the id vocab_size - 1 as 0
+    assert deficits(meta, [7, 8]) == [0.0, pytest.approx(0.8)]
+
+
+def test_a_no_spec_token_far_below_the_best_when_rescored_fails_the_control():
+    """The control bounds the rescoring: a no-spec output token more than CONTROL_CEILING below the target's best
+    means the rescoring itself is off (prompt ids, alignment), and it must not silently loosen the bound."""
+    from tests.e2e import verdicts
+    from tests.lossless import CONTROL_CEILING
+
+    top = [[(0.0, 100), (-1.0, 5)]]
+    nospec = {"generate": [[100]], "generate_concurrent": [[100]], "top": [top],
+              "deficits": {"generate": [[CONTROL_CEILING + 0.5]], "generate_concurrent": [[0.0]]}}
+    spec = {"generate": [[100]], "generate_concurrent": [[100]], "deficits": {"generate": [[0.0]],
+                                                                               "generate_concurrent": [[0.0]]}}
+    v = verdicts(spec, nospec)
+    assert v["bugs"] == [("rescored-control", "generate", 0, 0, CONTROL_CEILING + 0.5)]
 
 
 class FakeNoSpec:
