@@ -532,6 +532,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         logger.info("%s: adaptive candidates' graph replay ms (steps, batch): %s", ALGORITHM_NAME,
                     {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
 
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        """SGLang's. A prefill (or a gap before one: a new request) falls between two decode steps and belongs to
+        neither's cycle: the cost policy does not time the decode step after it."""
+        if self.cost_policy is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
+            self.cost_policy.forget_last_step()
+        return super().forward_batch_generation(batch, *args, **kwargs)
+
     def verify(self, batch, *args, **kwargs):
         expected = None
         if self._verify_checks_left and not batch.forward_mode.is_idle():

@@ -218,10 +218,12 @@ def verdicts(spec: dict, nospec: dict) -> dict:
     to no-spec's n-th listed token (0 = listed first), to set beside stock's. With :func:`rescore`'s deficits, every
     output token further below the target's best than the tie margin, or than any no-spec token lies (the
     control), is a bug too (``("rescored", pattern, prompt, position, deficit)``); ``rescored`` sums them up."""
+    assert "deficits" in spec or "prompts" not in spec, "serve_concurrently did not rescore these outputs"
     counts, tie_ranks, bugs = {"identical": 0, "tie": 0, "bug": 0}, {}, []
+    unlisted = "tie" if "deficits" in spec else "bug"  # the rescoring judges a token the no-spec list misses
     for key in GREEDY_PATTERNS:
         for i, (ids, ref, top) in enumerate(zip(spec[key], nospec["generate"], nospec["top"], strict=True)):
-            v = tie_aware_compare(ids, ref, top)
+            v = tie_aware_compare(ids, ref, top, unlisted)
             counts[v.kind] += 1
             if v.kind == "tie":
                 tie_ranks[str(v.rank)] = tie_ranks.get(str(v.rank), 0) + 1

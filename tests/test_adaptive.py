@@ -108,9 +108,9 @@ def test_a_new_batch_size_is_decided_at_once_not_after_the_next_verifies():
 
 
 def test_a_batch_hovering_at_a_size_boundary_does_not_switch_at_every_step():
-    """Review finding: deciding at every bucket change, a batch alternating 8 / 9 switched 399 times in 400 steps and
-    never passed the settle window. A bucket decision needs the new size held two steps (and ``update_interval``
-    verifies since the last switch): here only the regular decisions run, every 8 verifies, at one parity."""
+    """A batch alternating between two captured sizes: a bucket decision needs the new size held two steps (and
+    ``update_interval`` verifies since the last switch), so only the regular decisions run, every 8 verifies, at
+    one parity; deciding at every change would switch at every step and never leave the settle window."""
     costs = {(1, 8): 5.0, (3, 8): 6.0, (1, 16): 5.0, (3, 16): 12.0}  # 3 best at 8, 1 best at 16
     policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2)
     policy.set_costs(CycleCost(costs))

@@ -34,6 +34,36 @@ def test_divergence_to_an_unlisted_token_is_a_bug():
     assert (v.kind, v.index, v.rank) == ("bug", 1, -1) and abs(v.margin - 0.7) < 1e-9
 
 
+def test_an_unlisted_token_among_more_near_ties_than_listed_is_left_to_the_rescoring():
+    """Every listed token within TIE_MARGIN of the top-1: an unlisted one may be as close. The list cannot judge it;
+    where the rescoring measures its exact deficit the caller says "tie", elsewhere it stays a bug."""
+    flat = [[(-1.0, 5), (-1.1, 6), (-1.2, 7)]]
+    assert tie_aware_compare([9], [5], flat).kind == "bug"
+    v = tie_aware_compare([9], [5], flat, unlisted="tie")
+    assert (v.kind, v.rank) == ("tie", -1) and abs(v.margin - 0.2) < 1e-9
+    assert tie_aware_compare([9], [5], [[(-1.0, 5), (-2.0, 6)]], unlisted="tie").kind == "bug"  # the list decides
+
+
+def test_the_rescoring_bound_is_the_no_spec_controls_largest_deficit_when_above_the_tie_margin():
+    from tests.e2e import verdicts
+
+    top = [[(0.0, 100), (-1.0, 5)]]
+    nospec = {"generate": [[100]], "generate_concurrent": [[100]], "top": [top],
+              "deficits": {"generate": [[0.9]], "generate_concurrent": [[0.0]]}}
+    spec = {"generate": [[100]], "generate_concurrent": [[100]],
+            "deficits": {"generate": [[0.8]], "generate_concurrent": [[0.95]]}}
+    v = verdicts(spec, nospec)
+    assert v["rescored"]["bound"] == 0.9 and v["bugs"] == [("rescored", "generate_concurrent", 0, 0, 0.95)]
+
+
+def test_outputs_served_for_rescoring_but_not_rescored_are_refused():
+    from tests.e2e import verdicts
+
+    served = {"prompts": ["p"], "generate": [[100]], "generate_concurrent": [[100]], "top": [[[(0.0, 100)] * 2]]}
+    with pytest.raises(AssertionError, match="did not rescore"):
+        verdicts(served, served)
+
+
 def test_exact_tie_listed_in_either_order_is_a_tie():
     """At an exact tie SGLang's list (torch.topk) may put the rival first, the greedy token second."""
     top = [[(-0.7, 9), (-0.7, 6)]]  # greedy (argmax) took 6

@@ -238,8 +238,8 @@ def test_a_tree_never_in_force_takes_the_nearest_trees_efficiency():
 
 
 def test_a_batch_size_decision_credits_the_tokens_so_far_to_the_tree_that_committed_them():
-    """Review finding: a switch at a batch-size change left the old tree's counted tokens to be divided by the new
-    tree's prediction at the next refresh (5 -> 1 gave the 1-step tree the ceiling efficiency 1.2)."""
+    """At a switch at a batch-size change the tokens counted so far are the old tree's: divided by the new tree's
+    prediction at the next refresh they would give it a wrong efficiency (5 -> 1: the ceiling 1.2)."""
     policy = CostAwarePolicy([0, 1, 3, 5], 5, update_interval=8, settle=0, trees=TREES, evidence=ProfileEvidence())
     policy.set_costs(CycleCost(TREE_COSTS))
     policy._refresh_trees()

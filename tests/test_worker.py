@@ -114,6 +114,31 @@ def _adaptive_worker(candidates):
     return w
 
 
+def test_a_prefill_between_decode_steps_is_not_timed_as_a_cycle(monkeypatch):
+    """The e2e's sequential requests put a prefill (and the gap before it) between two decode steps at batch 1: the
+    cost policy had learnt the 3-step chain's rest there as 70 ms and never ran it again."""
+    from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost
+
+    now = [0.0]
+    w = _verify_worker()
+    w.cost_policy = CostAwarePolicy([0, 3], 3, clock=lambda: now[0])
+    w.cost_policy.set_costs(CycleCost({(0, 1): 4.0, (3, 1): 5.0}))
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", lambda self, batch, *a, **k: "sglang's")
+
+    def step(mode, gap_ms):
+        now[0] += gap_ms / 1e3
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: mode == "extend"),
+                                is_extend_in_batch=False)
+        assert w.forward_batch_generation(batch) == "sglang's"
+        if mode == "decode":
+            w.cost_policy.get_steps_for_batch(1)
+
+    for mode, gap in [("decode", 0), ("extend", 70), ("decode", 30), ("extend", 70), ("decode", 30), ("decode", 6),
+                      ("decode", 6)]:  # two requests starting among the first samples (one would be outvoted)
+        step(mode, gap)
+    assert w.cost_policy.costs.rest[3, 1] == pytest.approx(1.0)  # 6 ms cycles: the prefills' 100 ms never counted
+
+
 def test_adaptive_steps_follow_sglangs_controller_and_are_reported():
     w = _adaptive_worker([0, 1, 3])
     for _ in range(3):
