@@ -107,6 +107,43 @@ def test_a_new_batch_size_is_decided_at_once_not_after_the_next_verifies():
     assert policy.get_steps_for_batch(1) == 7
 
 
+# The H200 sweep of 2026-11-27 (8B shapes, our verify attention), from the cost policy's start-up log: graph replay
+# ms per (steps, batch) and the rest of the cycle it learnt (cycle minus replay; batch 1 and 8 assumed 0.5 ms)
+H200_REPLAY = {(0, 1): 4.67, (1, 1): 5.104, (3, 1): 5.732, (7, 1): 7.023, (0, 32): 4.972, (1, 32): 5.618,
+               (3, 32): 6.711, (7, 32): 9.665, (0, 64): 5.285, (1, 64): 6.216, (3, 64): 8.123, (7, 64): 14.549}
+H200_REST = {32: {0: 0.5, 1: 0.6, 3: 0.91, 7: 1.125}, 64: {0: 0.6, 1: 0.56, 3: 2.1, 7: 0.07}, 1: dict.fromkeys(
+    (0, 1, 3, 7), 0.5)}
+SWEEP_RATES = [0.85, 0.8, 0.8, 0.75, 0.7, 0.65, 0.6]  # chain depth rates: 3 steps commit 3.07 tokens, 7 4.06 (log: 3.0, 4.0)
+
+
+@pytest.mark.parametrize("batch", [32, 64])
+def test_the_sweeps_rounds_run_the_best_chain_after_a_lone_request(batch):
+    """bench.adaptive's pattern at one batch size, three times over: a lone warm-up request (the policy drafts deep),
+    a prefill, then ``batch`` requests decoding together. Under the H200 sweep's costs the 3-step chain is best at
+    32 and 64 (7 steps alone); the first H200 sweep ran 7 steps through the first verifies of every batch (0.80x our
+    static 3-step chain at 64). Now the batch's cycles run the 3-step chain but for their first few steps (a switch
+    less than 8 verifies old holds the next one back)."""
+    now, rng = [0.0], random.Random(3)
+    policy = CostAwarePolicy([0, 1, 3, 7], 3, clock=lambda: now[0])
+    policy.set_costs(CycleCost(H200_REPLAY))
+
+    def run(bs, cycles, tally=None):
+        policy.forget_last_step()  # the prefill before it (EagleTritonWorkerV2.forward_batch_generation)
+        for _ in range(cycles):
+            steps = policy.get_steps_for_batch(bs)
+            if tally is not None:
+                tally[steps] = tally.get(steps, 0) + 1
+            now[0] += (H200_REPLAY[steps, bs] + H200_REST[bs][steps]) / 1e3
+            policy.on_verify_complete(chain_verifies(SWEEP_RATES, steps, bs, rng), bs)
+
+    alone, tally = {}, {}
+    for _ in range(3):
+        run(1, 60, alone)
+        run(batch, 80, tally)
+    assert alone.get(7, 0) and tally.get(7, 0), (alone, tally)  # some batches started from the lone request's 7 steps
+    assert tally.get(3, 0) >= 0.95 * sum(tally.values()), tally  # 0.97-0.99 (seed 3); deciding only every 8 verifies: 0.90
+
+
 def test_a_batch_hovering_at_a_size_boundary_does_not_switch_at_every_step():
     """A batch alternating between two captured sizes: a bucket decision needs the new size held two steps (and
     ``update_interval`` verifies since the last switch), so only the regular decisions run, every 8 verifies, at
