@@ -152,13 +152,19 @@ def rescore(nospec: Server, results: dict) -> None:
         return
     ids = [p if isinstance(p, list) else nospec.post_json("/tokenize", {"prompt": p})["tokens"]
            for p in first["prompts"]]
+    scored = {}  # (prompt, output) -> deficits: most outputs recur across patterns and servers
+
+    def score(prompt: list[int], out: list[int]) -> list[float]:
+        key = (tuple(prompt), tuple(out))
+        if key not in scored:
+            scored[key] = deficits(nospec.post_json("/generate", rescore_body(prompt, out))["meta_info"], out)
+        return scored[key]
+
     for result in results.values():
         if isinstance(result, dict) and "prompts" in result:
             assert result["prompts"] == first["prompts"], "every server of a test serves the same prompts"
-            result["deficits"] = {
-                pattern: [deficits(nospec.post_json("/generate", rescore_body(prompt, out))["meta_info"], out)
-                          for prompt, out in zip(ids, result[pattern], strict=True)]
-                for pattern in GREEDY_PATTERNS}
+            result["deficits"] = {pattern: [score(p, out) for p, out in zip(ids, result[pattern], strict=True)]
+                                  for pattern in GREEDY_PATTERNS}
 
 
 def serve_concurrently(servers: dict, serve, info_keys, one_at_a_time: bool = False) -> tuple[dict, dict]:
@@ -231,12 +237,13 @@ def verdicts(spec: dict, nospec: dict) -> dict:
                 bugs.append((key, i, v.index, v.margin, v.rank))
     out = {"counts": counts, "tie_ranks": tie_ranks, "bugs": bugs}
     if "deficits" in spec:
-        control = deficit_summary(nospec.get("deficits", {}))
+        control_deficits = nospec.get("deficits", {})
+        control = deficit_summary(control_deficits)
         bound = max(TIE_MARGIN, control["max"])
         for key in GREEDY_PATTERNS:
             bugs += [("rescored", key, *bug) for bug in rescored_bugs(spec["deficits"][key], bound)]
             bugs += [("rescored-control", key, *bug)
-                     for bug in rescored_bugs(nospec.get("deficits", {}).get(key, []), CONTROL_CEILING)]
+                     for bug in rescored_bugs(control_deficits.get(key, []), CONTROL_CEILING)]
         out["rescored"] = {"spec": deficit_summary(spec["deficits"]), "nospec_control": control, "bound": bound}
     return out
 
