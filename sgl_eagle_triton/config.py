@@ -31,7 +31,7 @@ ADAPTIVE_CYCLE_ENV = "SGLANG_EAGLE_TRITON_ADAPTIVE_CYCLE"
 # (GPU tests, trials)
 EXPERIMENTAL_TP_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_TP"
 TESTED_TP_SIZES = (1, 2, 4)
-TESTED_EAGLE1_TP_SIZES = (1, 2)  # --tp 4: servers started, not yet served end to end (tests/GPU.md 2026-11-27)
+TESTED_EAGLE1_TP_SIZES = (1, 2, 4)
 TESTED_COST_POLICY_TP_SIZES = (1, 2)
 # Adaptive tree candidates narrower than the server's topk (e.g. chains among trees; drafter.in_tree_layout): a trial
 # (first GPU run 2026-11-27: one departure from no-spec at margin 0.3125, tests/GPU.md): refused unless this is 1

@@ -218,16 +218,17 @@ def test_refused_at_start(extra, message):
 
 
 def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypatch, eagle1_pair):
-    """EAGLE-3 drafts at --tp 2 and 4 and EAGLE-1 drafts at --tp 2 start (GPU-tested); other TP sizes, and EAGLE-1
-    drafts at --tp 4, only with config.EXPERIMENTAL_TP_ENV=1; --pp > 1 never."""
+    """EAGLE-3 and EAGLE-1 drafts at --tp 2 and 4 start (GPU-tested); other TP sizes only with
+    config.EXPERIMENTAL_TP_ENV=1; --pp > 1 never."""
     monkeypatch.delenv(config.EXPERIMENTAL_TP_ENV, raising=False)
     assert _args("--tp", "2").tp_size == 2 and _args("--tp", "4").tp_size == 4
     target, draft = eagle1_pair
     assert _args("--tp", "2", target=str(target), draft=str(draft)).tp_size == 2
-    eagle1_trial = ("EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp 4 yet: built, not yet run end to end on "
-                    "GPUs. Use --tp 1, an EAGLE-3 draft at --tp 2 or 4 (EAGLE-1 at --tp 2)")
+    config._check_tensor_parallel_trial(SimpleNamespace(tp_size=4), config.EAGLE)  # starts
+    eagle1_trial = ("--tp 8 or EAGLE-1/2 drafts (LlamaForCausalLMEagle) with --tp 8 yet: built, not yet run end to end "
+                    "on GPUs. Use --tp 1, an EAGLE-3 draft at --tp 2 or 4 (EAGLE-1 at --tp 2 or 4)")
     with pytest.raises(EagleTritonConfigError, match=re.escape(eagle1_trial)):
-        config._check_tensor_parallel_trial(SimpleNamespace(tp_size=4), config.EAGLE)
+        config._check_tensor_parallel_trial(SimpleNamespace(tp_size=8), config.EAGLE)
     # a size the draft's heads allow but no GPU test ran (the trained pair's 4 heads allow only 1, 2, 4)
     with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 8 yet: built, not yet run end to end on GPUs. "
                                                                "Use --tp 1, an EAGLE-3 draft at --tp 2 or 4")):
