@@ -16,16 +16,19 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
 - ``cost(s, bs)``: :class:`CycleCost` holds the device time of each state's CUDA graphs at each captured batch
   size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs,
   attention over real prefixes) measured online as the wall-clock cycle of the state in force minus its replay
-  time, per (state, batch bucket). A drafting state never in force at a bucket is priced at its graphs plus the
-  smallest rest another drafting state showed there (steps 0, which skips the tree work, at its graphs alone):
-  mostly optimistic, so it is tried once when that makes it look best, then priced by what it did (a shallower
-  state borrowing a deeper one's rest is overpriced: the rest grows with the verified tokens).
+  time, per (state, batch bucket). A state's rest counts once it rests on ``first`` (3) cycles there; until then
+  a drafting state is priced at its graphs plus the smallest counted rest of another drafting state at that bucket
+  (none counted yet: its own first samples, else nothing; steps 0, which skips the tree work, borrows none): a rest
+  of one or two cycles may be a cycle the overlap scheduler had already half run (0 ms measured) or a pause.
+  Borrowed, a rest overprices a shallower state (the rest grows with the verified tokens); unborrowed (steps 0, or
+  nothing counted) a state looks cheap, is tried when that makes it look best, then priced by what it did.
 
 Decisions: every ``update_interval`` verifies, and as soon as the batch has padded to another captured size than at
 the last decision for two decode steps in a row (the value of a shape depends on the batch: a chain chosen at batch
 1 costs twice as much at 64, and waiting for the next verifies would run the whole first stretch of a new batch in
-the old shape), provided ``update_interval`` verifies have passed since the last switch (a batch hovering at a size
-boundary would otherwise switch at every step and never settle).
+the old shape), once the state in force has had a verify counted since it was put in force (``settle`` + 1
+verifies: a batch hovering at a size boundary switches at most that often, and every switch leaves the acceptance
+model at least one verify).
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -233,6 +236,10 @@ class CycleCost:
         self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
         self._early: dict[tuple[int, int], list[float]] = {}  # a state's first samples at a bucket
 
+    def counted(self, steps: int, bucket: int) -> bool:
+        """Whether the state's rest at ``bucket`` rests on ``first`` cycles."""
+        return len(self._early.get((steps, bucket), ())) >= self.first
+
     def bucket(self, batch_size: int) -> int:
         """The captured batch size a batch pads to (the largest when beyond)."""
         i = bisect.bisect_left(self.sizes, batch_size)
@@ -262,13 +269,17 @@ class CycleCost:
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
-        """The state's learnt rest at the batch's bucket; while it has never been in force there, the smallest rest
-        another drafting state learnt there (steps 0 none: it runs no tree work), else 0. Borrowed from a deeper
-        state it overprices a shallower one."""
+        """The state's rest at the batch's bucket once counted (:meth:`counted`); until then, for a drafting state,
+        the smallest counted rest of another drafting state there (steps 0 borrows none: it runs no tree work), else
+        its own first samples' (their lower median), else 0."""
         bucket = self.bucket(batch_size)
-        if (steps, bucket) in self.rest or steps == 0:
-            return self.rest.get((steps, bucket), 0.0)
-        return min((ms for (s, b), ms in self.rest.items() if b == bucket and s > 0), default=0.0)
+        if self.counted(steps, bucket):
+            return self.rest[steps, bucket]
+        borrowed = [ms for (s, b), ms in self.rest.items()
+                    if steps > 0 and s > 0 and s != steps and b == bucket and self.counted(s, b)]
+        if borrowed:
+            return min(borrowed)
+        return self.rest.get((steps, bucket), 0.0)
 
     def cost(self, steps: int, batch_size: int) -> float:
         return self.graphs_ms(steps, batch_size) + self.rest_ms(steps, batch_size)
@@ -318,7 +329,7 @@ class CostAwarePolicy:
     def get_steps_for_batch(self, batch_size: int) -> int:
         """Called before every decode step: the step count to put in force (also times the previous cycle). When
         the batch has padded to another captured size than at the last decision for two steps in a row, the policy
-        decides at once (once ``update_interval`` verifies have passed since the last switch)."""
+        decides at once (once the state in force has had a verify counted, and ``update_interval`` since start)."""
         now = self._clock()
         if self.costs is not None:
             if self._last_step is not None:
@@ -330,8 +341,8 @@ class CostAwarePolicy:
             self._last_bucket = bucket
             if self._decided_at is None:
                 self._decided_at = bucket
-            elif (bucket != self._decided_at and self._held >= 2
-                  and min(self._verifies, self._since_switch) >= self.update_interval):
+            elif (bucket != self._decided_at and self._held >= 2 and self._since_switch > self.settle
+                  and self._verifies >= self.update_interval):
                 if self.trees:
                     self._refresh_trees()  # the tokens counted so far belong to the state in force
                 self._decide(batch_size)
