@@ -90,6 +90,21 @@ def apply(verify_input, batch, result):
     return new_predict, (num_correct + 1).to(accept_lens.dtype), new_index
 
 
+def compile_walk(shapes, device) -> None:
+    """Benchmark mode: :func:`apply`'s walk run once on a one-request chain of each ``(draft tokens n, steps)``, so
+    that Triton compiles it before serving (as :func:`sgl_eagle_triton.verify.compile_verify_kernels`)."""
+    from sgl_eagle_triton.kernels.simulated_walk import simulated_walk
+    from sgl_eagle_triton.kernels.tree_rows import chain_tree
+
+    if not active():
+        return
+    for n, steps in sorted(set(shapes)):
+        ints = dict(dtype=torch.int32, device=device)
+        simulated_walk(torch.zeros(n, **ints), torch.full((1, steps + 1), -1, **ints), torch.empty(1, **ints),
+                       *chain_tree(n, device), torch.rand(1, steps + 1, device=device),
+                       _table(profile_name(), str(torch.device(device))))
+
+
 def wrap(eagle_sample):
     """``eagle_sample`` (SGLang's, or ours) followed by :func:`apply`: the verify of a server in benchmark mode."""
 

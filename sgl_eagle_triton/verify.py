@@ -35,6 +35,7 @@ from sglang.srt.utils.async_probe import sanitize_nan_logits
 from sgl_eagle_triton import ALGORITHM_NAME
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
+from sgl_eagle_triton.kernels.tree_rows import chain_tree
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.kernels.verify_attention import MAX_HEAD_DIM, verify_attention
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
@@ -131,6 +132,26 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     if spec_utils.SIMULATE_ACC_LEN > 0:
         accept_index = simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates)
     return predict, num_correct_drafts + 1, accept_index
+
+
+def compile_verify_kernels(shapes, vocab_size: int, device) -> None:
+    """Greedy and sampled verification run once on a one-request chain of each ``(draft tokens n, steps)`` in
+    ``shapes``, so that Triton compiles them before serving. They run outside CUDA graphs, and Triton compiles a
+    variant per tree shape at its first launch (``N`` and ``NUM_SPEC`` are compile-time constants; the batch size is
+    not): else the first verify of each shape (an adaptive state's first use, the first sampled request) waits for
+    the compiler, 0.1-1 s and more while other processes compile. Inputs have serving's dtypes (SGLang's sampling
+    parameters: temperatures, top-p, min-p float32, top-k int32), which are part of a variant's key."""
+    for n, steps in sorted(set(shapes)):
+        tree = chain_tree(n, device)
+        ints = dict(dtype=torch.int32, device=device)
+        accept_index, accepted = torch.full((1, steps + 1), -1, **ints), torch.empty(1, **ints)
+        verify_tree_greedy(torch.zeros(n, **ints), accept_index, accepted, *tree, tree[0].clone())
+        ones = torch.ones(1, dtype=torch.float32, device=device)
+        probs = prepare_target_probs(torch.zeros(n, vocab_size, dtype=torch.float32, device=device), ones,
+                                     torch.full((1,), 1 << 30, **ints), ones, torch.zeros_like(ones), n)
+        tree_speculative_sampling(torch.zeros(n, **ints), accept_index.fill_(-1), accepted, *tree,
+                                  torch.rand(1, n, device=device), torch.rand(1, device=device),
+                                  probs.view(1, n, vocab_size))
 
 
 def agree_with_rank_0(*tensors) -> None:

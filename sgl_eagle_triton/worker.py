@@ -40,6 +40,7 @@ import dis
 import inspect
 import logging
 import os
+import time
 import types
 from collections import Counter
 from contextlib import contextmanager
@@ -74,6 +75,11 @@ from sgl_eagle_triton.verify import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Row counts steps 0's KV fill is compiled for before serving (TritonEagleDraftWorker.compile_draft_kv): Triton
+# compiles an integer argument apart when it is 1 or a multiple of 16, and the linear kernel's tile changes at 16
+# and 32 rows and its cuBLAS path starts at CUBLAS_MIN_ROWS (33): one row count of each class
+DRAFT_KV_ROWS = (1, 2, 16, 17, 32, CUBLAS_MIN_ROWS, 48)
 
 KERNELS_IN_USE = {
     "draft forward": "triton sgl_eagle_triton.drafter (draft_input, linear, draft_attention, lm_head_topk, "
@@ -347,6 +353,15 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         if hidden is not None:
             draft_input.hidden_states = hidden[:bs]
 
+    def compile_draft_kv(self) -> None:
+        """Steps 0's KV fill (:meth:`fill_draft_kv`, outside CUDA graphs, at the batch's own size) run once per row
+        count in :data:`DRAFT_KV_ROWS`, so that Triton compiles it before serving (under tensor parallelism every rank
+        runs it, its embedding all-reduce included, at the same point of start-up)."""
+        w = self.fused_drafter.w
+        for rows in DRAFT_KV_ROWS:
+            ids = torch.zeros(rows, dtype=torch.int64, device=w.embed.device)
+            self.fused_drafter.draft_kv(ids, torch.zeros(rows, w.hidden_size, dtype=w.dtype, device=ids.device), ids)
+
     def _carried_hidden(self, target_hidden):
         """The hidden state a draft extend's layer starts from, by the draft model's own modules (as its forward):
         EAGLE-3's ``fc`` (after its optional input / per-feature norms) of the target's features; EAGLE-1 takes the
@@ -508,9 +523,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         logger.info("%s: verify attention: %s", ALGORITHM_NAME, self.verify_attention)
 
     def init_cuda_graphs(self):
-        """SGLang's (one runtime state per adaptive candidate), then the cost-aware policy's start-up costs: each
-        state's draft, verify and draft-extend graphs replayed at every captured batch size."""
+        """SGLang's (one runtime state per adaptive candidate), then the kernels each decode step runs outside CUDA
+        graphs compiled for every state (:meth:`compile_eager_kernels`), then the cost-aware policy's start-up costs:
+        each state's draft, verify and draft-extend graphs replayed at every captured batch size."""
         super().init_cuda_graphs()
+        self.compile_eager_kernels()
         if self.cost_policy is None:
             return
         states = self.adaptive_controller._states
@@ -531,6 +548,31 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.cost_policy.set_costs(CycleCost(replay))
         logger.info("%s: adaptive candidates' graph replay ms (steps, batch): %s", ALGORITHM_NAME,
                     {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
+
+    def compile_eager_kernels(self) -> None:
+        """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the
+        server verifies (each adaptive candidate's): greedy and sampled verification
+        (:func:`sgl_eagle_triton.verify.compile_verify_kernels`), the benchmark's simulated walk, the cost policy's
+        tree counts and steps 0's KV fill. Otherwise the first verify of a shape waits for the compiler mid-request:
+        in the H200 sweep of 2026-11-27 the round of 64 in which the cost policy first tried the 1-step chain ran at
+        half the rate its server logged for it, most likely that stall (0.1-1 s a kernel while other processes
+        compiled)."""
+        tic = time.perf_counter()
+        controller = self.adaptive_controller
+        if controller is None:
+            shapes = [(self.speculative_num_draft_tokens, self.speculative_num_steps)]
+        else:
+            shapes = [(config.adaptive_tree(self.server_args, s)[1], s) for s in controller.candidate_steps]
+        vocab_size = self.target_worker.model_runner.model_config.vocab_size
+        verify.compile_verify_kernels(shapes, vocab_size, self.device)
+        simulated_acceptance.compile_walk(shapes, self.device)
+        evidence = getattr(self.cost_policy, "evidence", None)
+        if evidence is not None:
+            evidence.compile(shapes)
+        if controller is not None and 0 in controller.candidate_steps:
+            self.draft_worker.compile_draft_kv()
+        logger.info("%s: compiled the kernels run outside CUDA graphs for %d tree shape(s) in %.1f s",
+                    ALGORITHM_NAME, len(set(shapes)), time.perf_counter() - tic)
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """SGLang's. A prefill (or a gap before one: a new request) falls between two decode steps and belongs to

@@ -15,7 +15,7 @@ from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import config, plugin, verify, worker
-from sgl_eagle_triton.drafter import draft_weights
+from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.testing import random_batch, random_draft
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
@@ -451,7 +451,7 @@ class _RecordingPool:
 
 
 @pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
-def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, eagle3):
+def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, eagle3, monkeypatch):
     """fill_draft_kv stores FusedDrafter.draft_kv of (each request's new token, its carried hidden state: EAGLE-3's
     fc of the target's features, EAGLE-1's target hidden state, the verified position) at the verify's KV slots,
     through SGLang's pool with the draft layer's scales, and leaves stubs of SGLang's shapes."""
@@ -499,6 +499,16 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
 
     smaller = fill(2)  # views of one zero buffer, as large as the largest batch so far
     assert smaller.hidden_states.shape == (2, H) and smaller.hidden_states.data_ptr() == stub.hidden_states.data_ptr()
+
+    # compiled before serving (EagleTritonWorkerV2.compile_eager_kernels): one fill of each row-count class, nothing
+    # stored, nothing counted
+    pool.writes.clear()
+    seen, draft_kv = [], FusedDrafter.draft_kv
+    monkeypatch.setattr(FusedDrafter, "draft_kv", lambda self, ids, hidden, positions: seen.append(
+        (ids.shape[0], tuple(hidden.shape), hidden.dtype)) or draft_kv(self, ids, hidden, positions))
+    dw.compile_draft_kv()
+    assert seen == [(rows, (rows, H), w.dtype) for rows in worker.DRAFT_KV_ROWS]
+    assert not pool.writes and fresh_counts[worker.DRAFT_KV_FILL] == 2
 
 
 def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):

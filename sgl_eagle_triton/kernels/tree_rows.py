@@ -10,6 +10,15 @@ from sgl_eagle_triton.kernels.device import VOCAB_MAX_SPLIT, VOCAB_MIN_SLICE, VO
 MAX_SPLIT = VOCAB_MAX_SPLIT  # programs per vocabulary row at most (the kernels' static bound)
 
 
+def chain_tree(n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One request's tree rows for a chain of ``n`` nodes (the root, then node ``i`` the only child of ``i - 1``),
+    every draft token 0: ``(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each [1, n]
+    int64, as the verify kernels take them (what they are compiled on before serving)."""
+    index = torch.arange(n, dtype=torch.int64, device=device)[None]
+    next_token = torch.where(index + 1 < n, index + 1, -1)
+    return torch.zeros_like(index), index, next_token, torch.full_like(index, -1)
+
+
 def row_slices(rows: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
     """``(split, slice_len)``: programs per row of ``vocab`` tokens, and tokens per program (whole ``block``
     chunks; the last slice may be shorter, none is empty), so that ``rows * split`` fills the GPU at small
