@@ -203,20 +203,20 @@ class TreeEvidence:
                       verify_input.retrieve_next_sibling.contiguous())
 
     def compile(self, shapes) -> None:
-        """The counting kernel run once on a one-request chain of each ``(draft tokens n, steps)`` into scratch
-        tables, so that Triton compiles it before serving (as ``verify.compile_verify_kernels``)."""
+        """The counting kernel run on one and on two chains of each ``(draft tokens n, steps)`` into scratch tables,
+        so that Triton compiles it before serving (as ``verify.compile_verify_kernels``)."""
         import torch
 
         from sgl_eagle_triton.kernels.tree_rows import chain_tree
 
         scratch = torch.zeros_like(self.tables)
         for n, steps in sorted(set(shapes)):
-            if n < 2:  # one-node trees add nothing (add)
-                continue
-            _, index, next_token, next_sibling = chain_tree(n, scratch.device)
-            accept_index = torch.full((1, steps + 1), -1, dtype=torch.int32, device=scratch.device)
-            accepted = torch.zeros(1, dtype=torch.int32, device=scratch.device)
-            self._count(scratch[0], scratch[1], accept_index, accepted, index, next_token, next_sibling)
+            for requests in range(1, 3) if n > 1 else ():  # one-node trees add nothing (add)
+                _, index, next_token, next_sibling = chain_tree(n, requests, scratch.device)
+                ints = dict(dtype=torch.int32, device=scratch.device)
+                accept_index = torch.full((requests, steps + 1), -1, **ints)
+                self._count(scratch[0], scratch[1], accept_index, torch.zeros(requests, **ints), index, next_token,
+                            next_sibling)
 
     def snapshot(self) -> tuple[list, list] | None:
         """``(tried, passed)`` as nested lists [depth][rank] from the last finished copy (None before the first),

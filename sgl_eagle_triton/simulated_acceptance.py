@@ -91,18 +91,18 @@ def apply(verify_input, batch, result):
 
 
 def compile_walk(shapes, device) -> None:
-    """Benchmark mode: :func:`apply`'s walk run once on a one-request chain of each ``(draft tokens n, steps)``, so
-    that Triton compiles it before serving (as :func:`sgl_eagle_triton.verify.compile_verify_kernels`)."""
+    """Benchmark mode: :func:`apply`'s walk run on one and on two chains of each ``(draft tokens n, steps)``, so that
+    Triton compiles it before serving (as :func:`sgl_eagle_triton.verify.compile_verify_kernels`)."""
     from sgl_eagle_triton.kernels.simulated_walk import simulated_walk
-    from sgl_eagle_triton.kernels.tree_rows import chain_tree
+    from sgl_eagle_triton.kernels.tree_rows import chain_tree, verify_outputs
 
     if not active():
         return
+    table = _table(profile_name(), str(torch.device(device)))
     for n, steps in sorted(set(shapes)):
-        ints = dict(dtype=torch.int32, device=device)
-        simulated_walk(torch.zeros(n, **ints), torch.full((1, steps + 1), -1, **ints), torch.empty(1, **ints),
-                       *chain_tree(n, device), torch.rand(1, steps + 1, device=device),
-                       _table(profile_name(), str(torch.device(device))))
+        for requests in (1, 2):
+            simulated_walk(*verify_outputs(requests, n, steps, device), *chain_tree(n, requests, device),
+                           torch.rand(requests, steps + 1, device=device), table)
 
 
 def wrap(eagle_sample):

@@ -467,6 +467,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         self.resumes = 0  # adaptive: decode steps run at 0 with the full draft extend before drafting again
+        if self.adaptive_controller is not None and not self._cycle_knob:
+            self._states_to_warm = tuple(self.adaptive_controller.candidate_steps)
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
             self.cost_policy = self.adaptive_controller.params = self._make_cost_policy()
 
@@ -553,7 +555,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the
         server verifies (each adaptive candidate's): greedy and sampled verification
         (:func:`sgl_eagle_triton.verify.compile_verify_kernels`), the benchmark's simulated walk, the cost policy's
-        tree counts and steps 0's KV fill. Otherwise the first verify of a shape waits for the compiler mid-request:
+        tree counts and steps 0's KV fill (the rest, our build_tree and SGLang's per-state kernels, at the first
+        decode steps: :attr:`_states_to_warm`). Otherwise the first verify of a shape waits for the compiler:
         in the H200 sweep of 2026-11-27 the round of 64 in which the cost policy first tried the 1-step chain ran at
         half the rate its server logged for it, most likely that stall (0.1-1 s a kernel while other processes
         compiled)."""
@@ -596,16 +599,25 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             _witness(expected, before, f"the first {'greedy' if expected == VERIFY_GREEDY else 'sampled'} verify")
         return result
 
+    # Adaptive: the candidates still to put in force once each, in turn, at the server's first decode steps (SGLang's
+    # warm-up request), so that every state's kernels outside CUDA graphs, SGLang's and ours (build_tree, the verify
+    # kernels, steps 0's KV fill), are compiled before traffic; the policies are fed none of those steps' verifies
+    _states_to_warm: tuple = ()
+    _unattributed_verifies = 0
+
     def activate_step_by_batch(self, batch_size: int) -> None:
-        """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). With
-        ``config.ADAPTIVE_CYCLE_ENV`` set at start (tests) it puts the next candidate step count in force instead, so
-        that the shape changes at every step, mid-request (batch sizes without that state's CUDA graphs run
-        eagerly)."""
+        """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). The
+        server's first decode steps put each candidate in force once instead (:attr:`_states_to_warm`). With
+        ``config.ADAPTIVE_CYCLE_ENV`` set at start (tests) it puts the next candidate step count in force at every
+        step, so that the shape changes mid-request (batch sizes without that state's CUDA graphs run eagerly)."""
         controller = self.adaptive_controller
+        warming = bool(self._states_to_warm) and batch_size > 0
         if self._cycle_knob:
             candidates = controller.candidate_steps
             position = (self._cycle_position + 1) % len(candidates)
             controller._activate(candidates[position])
+        elif warming:
+            controller._activate(self._states_to_warm[0])
         else:
             super().activate_step_by_batch(batch_size)
         if controller is None:
@@ -619,6 +631,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                 self.cost_policy.forget_last_step()
         elif self._cycle_knob:
             self._cycle_position = position
+        elif warming:
+            self._states_to_warm = self._states_to_warm[1:]
+            if not self._states_to_warm:
+                logger.info("%s adaptive: every candidate ran once (its kernels compiled); the policy decides from "
+                            "the next decode step", ALGORITHM_NAME)
+        if warming:
+            self._unattributed_verifies += 1
         draft_worker.fill_kv_only = not resume
         self.steps_in_force[self.speculative_num_steps] += 1
         if self.cost_policy is not None and self.cost_policy.costs is None and not self._policy_checked:
@@ -627,6 +646,14 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                        f"(SGLang {sglang.__version__} did not call init_cuda_graphs): it keeps its initial steps")
             logger.error(message)
             _errors.append(message)
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+        """SGLang's feed of each decode step's accepted drafts to the adaptive policy, one call per decode step in
+        order; those of the steps that put each candidate in force at start are not the policy's and are dropped."""
+        if self._unattributed_verifies:
+            self._unattributed_verifies -= 1
+            return
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
 
     def kernel_report(self) -> dict:
         """What ``/server_info`` shows under ``internal_states[0]["eagle_triton"]``: the kernel paths, how often

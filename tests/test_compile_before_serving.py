@@ -2,6 +2,7 @@
 verifies (worker.EagleTritonWorkerV2.compile_eager_kernels): on a GPU, serving afterwards compiles nothing new;
 on the CPU, the start-up calls run (interpreter) and the worker makes them for every state."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -10,23 +11,41 @@ import torch
 from sgl_eagle_triton import simulated_acceptance, verify, worker
 from sgl_eagle_triton.adaptive import CostAwarePolicy, TreeEvidence
 from sgl_eagle_triton.kernels import simulated_walk, target_probs, tree_evidence, tree_sampling, verify_greedy
-from sgl_eagle_triton.kernels.tree_rows import chain_tree
+from tests import tree_cases
 
-# (draft tokens n, steps): steps 0's one node, a chain, trees of 16 and 32 nodes (Triton compiles an integer argument
-# apart when it is 1 or a multiple of 16: target_probs takes n as one)
-SHAPES = [(1, 0), (4, 3), (16, 5), (32, 5)]
+# (draft tokens n, steps): steps 0's one node, a chain of odd n (its rows' alignment follows the batch's parity), a
+# chain, trees of 16 and 32 nodes (Triton compiles an integer argument apart when it is 1 or a multiple of 16:
+# target_probs takes n as one)
+SHAPES = [(1, 0), (3, 2), (4, 3), (16, 5), (32, 5)]
 KERNELS = [verify_greedy._verify_tree_greedy_kernel, target_probs._stats_kernel, target_probs._search_kernel,
            target_probs._write_kernel, tree_sampling._walk_kernel, tree_sampling._correction_kernel,
            simulated_walk._simulated_walk_kernel, tree_evidence._tree_evidence_kernel]
+
+
+def serving_tree(n: int, steps: int, bs: int, vocab: int, device):
+    """``(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)`` as serving builds them: for a
+    tree, random links (tree_cases.make_tree) in the three [bs, n] int64 views of one [3, bs, n] buffer that
+    build_tree_kernel_efficient returns, int64 draft tokens; for steps 0, SGLang 0.5.17's one-node rows
+    (EAGLEWorkerV2's steps-0 verify input: separate arange / full tensors, its int32 bonus tokens as draft tokens)."""
+    if n == 1:
+        return (torch.randint(0, vocab, (bs, 1), dtype=torch.int32, device=device),
+                torch.arange(bs, dtype=torch.long, device=device).unsqueeze(1),
+                torch.full((bs, 1), -1, dtype=torch.long, device=device),
+                torch.full((bs, 1), -1, dtype=torch.long, device=device))
+    rng = random.Random(n * 1000 + bs)
+    rows = torch.empty(3, bs, n, dtype=torch.long, device=device)
+    for b in range(bs):
+        next_token, next_sibling, _ = tree_cases.make_tree(rng, n, steps, 4)
+        rows[0, b] = torch.arange(b * n, (b + 1) * n)
+        rows[1, b], rows[2, b] = torch.tensor(next_token), torch.tensor(next_sibling)
+    return torch.randint(0, vocab, (bs * n,), device=device).reshape(bs, n), *rows
 
 
 def serve_like_sglang(n: int, steps: int, bs: int, vocab: int, device) -> None:
     """One greedy and one sampled verify of ``bs`` requests, the tensors built as SGLang 0.5.17's ``eagle_sample`` and
     ``SamplingBatchInfo`` build them (verify.eagle_sample's sampled path), and the simulated walk and the tree counts
     as the benchmark and the cost policy run them."""
-    rows = [t.repeat(bs, 1) for t in chain_tree(n, device)]
-    rows[1] = torch.arange(bs * n, device=device).view(bs, n)  # retrieve_index: flat positions
-    candidates = torch.randint(0, vocab, (bs * n,), device=device).reshape(bs, n)
+    tree = serving_tree(n, steps, bs, vocab, device)
     logits = torch.randn(bs * n, vocab, device=device)
 
     def outputs():
@@ -34,21 +53,21 @@ def serve_like_sglang(n: int, steps: int, bs: int, vocab: int, device) -> None:
                 torch.full((bs, steps + 1), -1, dtype=torch.int32, device=device),
                 torch.empty(bs, dtype=torch.int32, device=device))
 
-    tree = (candidates, *rows[1:])
     verify_greedy.verify_tree_greedy(*outputs(), *tree, torch.argmax(logits, dim=-1).reshape(bs, n))
     temperatures = torch.full((bs, 1), 0.7, dtype=torch.float, device=device)
     top_ks = torch.full((bs,), 1 << 30, dtype=torch.int32, device=device)
     top_ps, min_ps = (torch.full((bs,), x, dtype=torch.float, device=device) for x in (0.9, 0.0))
     probs = target_probs.prepare_target_probs(logits.contiguous(), temperatures.view(-1), top_ks, top_ps, min_ps, n)
-    coins = torch.rand_like(candidates, dtype=torch.float32, device=device)
+    coins = torch.rand_like(tree[0], dtype=torch.float32, device=device)
     tree_sampling.tree_speculative_sampling(*outputs(), *tree, coins, torch.rand(bs, device=device),
                                             probs.view(bs, n, -1))
     table = simulated_acceptance.cumulative_probs(**simulated_acceptance.PROFILES["llama31-8b-eagle3"]).to(device)
-    simulated_walk.simulated_walk(*outputs(), *tree, torch.rand(bs, steps + 1, device=device), table)
+    simulated_walk.simulated_walk(*outputs(), tree[0].contiguous(), *tree[1:], torch.rand(bs, steps + 1,
+                                                                                         device=device), table)
     if n > 1:
         tables = torch.zeros(2, 8, 4, device=device)
         predict, accept_index, accepted = outputs()
-        tree_evidence.tree_evidence(tables[0], tables[1], accept_index, accepted.zero_(), *rows[1:])
+        tree_evidence.tree_evidence(tables[0], tables[1], accept_index, accepted.zero_(), *tree[1:])
 
 
 def compiled() -> list[int]:
@@ -69,7 +88,7 @@ def test_serving_after_start_up_compiles_nothing_new(monkeypatch):
     TreeEvidence(7, 4, "cuda").compile(SHAPES)
     before = compiled()
     for n, steps in SHAPES:
-        for bs in (1, 7, 64):
+        for bs in (1, 2, 7, 64):
             serve_like_sglang(n, steps, bs, vocab, "cuda")
     torch.cuda.synchronize()
     after = compiled()
@@ -89,8 +108,8 @@ def test_start_up_compile_calls_run_for_every_shape(device, monkeypatch):
     spy(verify, "verify_tree_greedy")
     spy(verify, "tree_speculative_sampling")
     verify.compile_verify_kernels([(4, 3), (1, 0), (4, 3)], 50, device)
-    assert launched == [("verify_tree_greedy", 1, 1), ("tree_speculative_sampling", 1, 1),
-                        ("verify_tree_greedy", 4, 4), ("tree_speculative_sampling", 4, 4)]
+    assert launched == [(name, n, steps + 1) for n, steps in [(1, 0), (4, 3)] for _ in (1, 2)
+                        for name in ("verify_tree_greedy", "tree_speculative_sampling")]
     monkeypatch.setenv(simulated_acceptance.PROFILE_ENV, "llama31-8b-eagle3")
     monkeypatch.setenv(simulated_acceptance.BENCHMARK_ENV, "1")
     simulated_acceptance.compile_walk([(4, 3), (1, 0)], device)
@@ -140,3 +159,17 @@ def test_the_check_catches_a_start_up_call_unlike_serving():
     torch.cuda.synchronize()
     grew = {k.fn.__name__ for k, b, a in zip(KERNELS, before, compiled(), strict=True) if a > b}
     assert {"_search_kernel", "_write_kernel", "_walk_kernel"} <= grew and "_stats_kernel" not in grew, grew
+
+
+def test_start_up_chains_are_laid_out_as_serving_lays_out_trees():
+    """chain_tree gives both alignments serving gives retrieve_next_token (one [3, bs, n] buffer: 16-byte aligned
+    only when bs * n is even) and steps 0's int32 bonus tokens as draft tokens."""
+    from sgl_eagle_triton.kernels.tree_rows import chain_tree
+
+    candidates, index, next_token, next_sibling = chain_tree(3, 1, "cpu")
+    assert candidates.dtype == index.dtype == torch.int64 and next_token.data_ptr() % 16 == 8
+    assert next_token.tolist() == [[1, 2, -1]] and next_sibling.tolist() == [[-1, -1, -1]]
+    _, index, next_token, _ = chain_tree(3, 2, "cpu")
+    assert next_token.data_ptr() % 16 == 0 and index.tolist() == [[0, 1, 2], [3, 4, 5]]
+    candidates, index, next_token, next_sibling = chain_tree(1, 2, "cpu")
+    assert candidates.dtype == torch.int32 and index.tolist() == [[0], [1]] and next_token.tolist() == [[-1], [-1]]

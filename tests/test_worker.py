@@ -192,6 +192,25 @@ def test_cycle_knob_runs_every_candidate_with_off_filling_the_kv():
     assert w.resumes == 2
 
 
+def test_the_first_decode_steps_run_every_candidate_once_and_feed_no_policy(monkeypatch):
+    """Adaptive servers put each candidate in force once at their first decode steps (SGLang's warm-up request), so
+    that every state's kernels outside CUDA graphs compile before traffic; leaving steps 0 still resumes through one
+    full extend; the policy then decides, fed only the verifies of its own steps (an idle batch forces nothing)."""
+    w = _adaptive_worker([0, 1, 3, 7])
+    w._states_to_warm = (0, 1, 3, 7)
+    w.adaptive_controller.params.get_steps_for_batch = lambda bs: 3
+    fed = []
+    monkeypatch.setattr(EAGLEWorkerV2, "on_verify_complete_cpu", lambda self, correct, batch_size=0: fed.append(
+        correct))
+    assert _run_steps(w, 1, batch_size=0) == [3]  # idle: the policy's call, nothing forced
+    ran = []
+    for step in range(8):
+        ran += _run_steps(w, 1)
+        w.on_verify_complete_cpu([step] * 4, 4)
+    assert ran == [0, 0, 1, 3, 7, 3, 3, 3] and w.resumes == 1  # 0, its resume, 1, 3, 7, then the policy's 3
+    assert fed == [[5] * 4, [6] * 4, [7] * 4] and not w._states_to_warm
+
+
 def test_first_verify_without_our_kernel_is_an_error(monkeypatch, fresh_counts, caplog):
     monkeypatch.setattr(EAGLEWorkerV2, "verify", lambda self, batch, grammar_barrier=None: "stock result")
     w = _verify_worker()

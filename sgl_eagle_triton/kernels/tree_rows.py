@@ -10,13 +10,23 @@ from sgl_eagle_triton.kernels.device import VOCAB_MAX_SPLIT, VOCAB_MIN_SLICE, VO
 MAX_SPLIT = VOCAB_MAX_SPLIT  # programs per vocabulary row at most (the kernels' static bound)
 
 
-def chain_tree(n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One request's tree rows for a chain of ``n`` nodes (the root, then node ``i`` the only child of ``i - 1``),
-    every draft token 0: ``(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each [1, n]
-    int64, as the verify kernels take them (what they are compiled on before serving)."""
-    index = torch.arange(n, dtype=torch.int64, device=device)[None]
-    next_token = torch.where(index + 1 < n, index + 1, -1)
-    return torch.zeros_like(index), index, next_token, torch.full_like(index, -1)
+def chain_tree(n: int, requests: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tree rows of ``requests`` chains of ``n`` nodes (the root, then node ``i`` the only child of ``i - 1``), every
+    draft token 0, laid out as serving lays them out, for compiling the verify kernels before serving:
+    ``(candidates [requests, n], retrieve_index, retrieve_next_token, retrieve_next_sibling)``, the last three
+    [requests, n] int64 views of one ``[3, requests, n]`` buffer as ``build_tree_kernel_efficient`` returns them
+    (so ``retrieve_next_token`` is 16-byte aligned only when ``requests * n`` is even: Triton compiles a pointer
+    argument apart by that), candidates int64 (the tree's draft tokens); for ``n == 1`` (steps 0's one-node tree)
+    SGLang's own rows, allocated apart, with its int32 bonus tokens as candidates."""
+    if n == 1:
+        rows = (torch.arange(requests, device=device)[:, None], *torch.full((2, requests, 1), -1, device=device))
+        return torch.zeros(requests, 1, dtype=torch.int32, device=device), rows[0], rows[1].clone(), rows[2].clone()
+    index = torch.arange(requests * n, dtype=torch.int64, device=device).view(requests, n)
+    rows = torch.empty(3, requests, n, dtype=torch.int64, device=device)
+    rows[0] = index
+    rows[1] = torch.where(index % n + 1 < n, index % n + 1, -1)
+    rows[2] = -1
+    return torch.zeros(requests, n, dtype=torch.int64, device=device), *rows
 
 
 def row_slices(rows: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
@@ -28,6 +38,14 @@ def row_slices(rows: int, vocab: int, block: int, device: torch.device) -> tuple
     programs = VOCAB_PROGRAMS_PER_SM * device_info(device).sms
     per_slice = triton.cdiv(chunks, max(1, min(MAX_SPLIT, triton.cdiv(programs, rows), vocab // VOCAB_MIN_SLICE)))
     return triton.cdiv(chunks, per_slice), per_slice * block
+
+
+def verify_outputs(requests: int, n: int, steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verify kernels' outputs as SGLang's ``eagle_sample`` allocates them: ``predict [requests * n]``,
+    ``accept_index [requests, steps + 1]`` (-1) and the accepted counts ``[requests]``, all int32."""
+    ints = dict(dtype=torch.int32, device=device)
+    return (torch.zeros(requests * n, **ints), torch.full((requests, steps + 1), -1, **ints),
+            torch.empty(requests, **ints))
 
 
 @triton.jit
