@@ -142,6 +142,12 @@ def tok_per_s(results: list[dict]) -> float:
                if len(r["times"]) > 1)
 
 
+def longest_gap_ms(results: list[dict]) -> float:
+    """The longest wait between two chunks of one request: a stall of the whole batch (e.g. a kernel compiled mid
+    round) shows here, where the rate of a round only drops."""
+    return 1e3 * max((b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)), default=0.0)
+
+
 def prompts_for(batch: int, seed: int, real: bool) -> list:
     """``batch`` prompts: random 128-token ids for dummy weights, the code prompts in turn for the trained pair
     (which accepts what it was trained on)."""
@@ -162,7 +168,8 @@ def rounds_for(batch: int) -> int:
 
 def measure(url: str, batch: int, real: bool = False) -> dict:
     """After a warm-up request and a warm-up batch, :func:`rounds_for` rounds of ``batch`` concurrent requests:
-    ``tok_per_s`` the mean over rounds of each round's :func:`tok_per_s`, ``accept_len`` the mean over requests."""
+    ``tok_per_s`` the mean over rounds of each round's :func:`tok_per_s`, ``accept_len`` the mean over requests,
+    ``longest_gap_ms`` the longest :func:`longest_gap_ms` of the rounds."""
     timed_request(url, prompts_for(1, 99, real)[0])
     rounds = rounds_for(batch)
     with ThreadPoolExecutor(batch) as pool:
@@ -172,7 +179,7 @@ def measure(url: str, batch: int, real: bool = False) -> dict:
     return {"tok_per_s": statistics.mean(tok_per_s(round_) for round_ in results),
             "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for round_ in results
                                           for r in round_),
-            "rounds": rounds}
+            "rounds": rounds, "longest_gap_ms": max(longest_gap_ms(round_) for round_ in results)}
 
 
 def card(r: dict) -> str:
@@ -216,8 +223,8 @@ def report(rows: list[dict]) -> str:
         lines += [f"Systems ran in shares labelled {', '.join(cards)} (lanes on cards of one host, or calls), no-spec "
                   "in each: `/ nospec` is against the same share's no-spec, and `/ best other` compares those ratios "
                   "(each card's speed cancels).", ""]
-    lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| acceptance | batch | system | tok/s | accept len | / nospec | / best other | longest gap ms |",
+              "|---|---|---|---|---|---|---|---|"]
     for (batch, acceptance), group in sorted(by_batch.items()):
         nospec = {card(r): r["tok_per_s"] for r in group if r["system"] == "nospec"}
 
@@ -232,8 +239,9 @@ def report(rows: list[dict]) -> str:
             base = nospec.get(card(r))  # none on this card: no ratio
             vs_nospec = f"{r['tok_per_s'] / base:.2f}" if base and r["system"] != "nospec" else "-"
             vs_best = f"{speed(r) / max(others):.2f}" if others and speed(r) is not None else "-"
+            gap = f"{r['longest_gap_ms']:.0f}" if "longest_gap_ms" in r else "-"  # older rows have none
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
-                         f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} |")
+                         f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
     return "\n".join(lines) + "\n"
 
 

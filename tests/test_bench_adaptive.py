@@ -57,6 +57,11 @@ def test_tok_per_s_sums_each_requests_decode_rate():
     assert adaptive.tok_per_s(results) == 150.0
 
 
+def test_the_longest_gap_between_two_chunks_of_a_request_shows_a_stall():
+    results = [{"times": [0.0, 0.01, 0.02, 0.52, 0.53]}, {"times": [0.0, 0.015]}, {"times": [0.3]}]
+    assert adaptive.longest_gap_ms(results) == pytest.approx(500.0) and adaptive.longest_gap_ms([]) == 0.0
+
+
 def test_small_batches_run_rounds_of_at_least_eight_requests(monkeypatch):
     """Batch 1 runs 8 rounds (one request's simulated acceptance is noisy), batch 3 three, batch 8 and up one;
     tok/s is the mean of the rounds' rates, the accept length the mean over requests."""
@@ -72,6 +77,7 @@ def test_small_batches_run_rounds_of_at_least_eight_requests(monkeypatch):
     result = adaptive.measure("http://x", 1)
     assert len(sent) == 1 + 1 + 8 and result["rounds"] == 8  # warm-up request, warm-up batch, 8 rounds
     assert result["tok_per_s"] == 10 * sum(range(3, 11)) / 8 and result["accept_len"] == sum(range(3, 11)) / 8
+    assert result["longest_gap_ms"] == 1000.0
     assert len({tuple(p) for p in sent[2:]}) == 8  # every round its own prompt
 
 
