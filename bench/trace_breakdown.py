@@ -20,6 +20,7 @@ host's period (``cpu_ms``, slower than unprofiled) and the GPU busy time of ever
 (``gpu_busy_ms``): busy time outside the stages is verify's sampling / accept kernels and bookkeeping.
 
     python -m bench.trace_breakdown TRACE.json[.gz]
+    python -m bench.trace_breakdown --kernels draft TRACE.json[.gz]   # and the stage's kernels by GPU time
 """
 
 from __future__ import annotations
@@ -98,9 +99,41 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
     return out
 
 
+def kernel_table(trace: dict, stage: str, top: int = 15, stages=STAGES) -> list[tuple[str, float, float]]:
+    """The ``top`` kernels by GPU time launched inside ``stage``'s CPU range (replays of a CUDA graph launched there
+    included): ``(kernel name, launches per occurrence, µs per occurrence)``, most time first. What a stage's
+    ``gpu_busy_ms`` is made of, e.g. two systems' draft side by side."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                    if e.get("cat") == "user_annotation" and _matches(e["name"], stages[stage]))
+    if not ranges:
+        return []
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    calls: dict[str, list[float]] = {}
+    for e in events:
+        ts = launch_ts.get(e.get("args", {}).get("correlation")) if e.get("cat") == "kernel" else None
+        if ts is None:
+            continue
+        i = bisect.bisect_right(ranges, (ts, float("inf"))) - 1
+        if i >= 0 and ranges[i][0] <= ts <= ranges[i][1]:
+            calls.setdefault(e["name"], []).append(e["dur"])
+    n = len(ranges)
+    rows = [(name, len(durs) / n, sum(durs) / n) for name, durs in calls.items()]
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
 def main(argv=None):
-    for path in argv or sys.argv[1:]:
-        print(path, json.dumps(stage_times(load_trace(Path(path))), indent=1))
+    args = list(argv or sys.argv[1:])
+    stage = None
+    if len(args) > 1 and args[0] == "--kernels":  # python -m bench.trace_breakdown --kernels STAGE TRACE...
+        stage, args = args[1], args[2:]
+    for path in args:
+        trace = load_trace(Path(path))
+        print(path, json.dumps(stage_times(trace), indent=1))
+        if stage:
+            for name, launches, us in kernel_table(trace, stage):
+                print(f"  {us:9.1f} us {launches:5.1f}x  {name[:110]}")
 
 
 if __name__ == "__main__":

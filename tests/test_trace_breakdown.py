@@ -48,3 +48,13 @@ def test_overlapping_kernels_count_once():
     events = [event("user_annotation", "draft", 0, 100), event("cuda_runtime", "cudaGraphLaunch", 1, 1, correlation=7),
               event("kernel", "a", 10, 30, correlation=7), event("kernel", "b", 30, 30, correlation=7)]
     assert breakdown.stage_times({"traceEvents": events})["draft"]["gpu_busy_ms"] == pytest.approx(0.05)
+
+
+def test_kernel_table_lists_a_stages_kernels_by_gpu_time():
+    """What a stage's busy time is made of, per occurrence: the graph replay's two draft kernels, the verify's
+    kernel (launched in its range, run after it); none for a stage without ranges."""
+    trace = {"traceEvents": cycle(0, 1) + cycle(1000, 3)}
+    assert breakdown.kernel_table(trace, "draft") == [("draft_kernel_a", 1.0, 30.0), ("draft_kernel_b", 1.0, 20.0)]
+    assert breakdown.kernel_table(trace, "verify_forward") == [("verify_kernel", 1.0, 40.0)]
+    assert breakdown.kernel_table(trace, "decode") == [] and breakdown.kernel_table(trace, "draft", top=1) == [
+        ("draft_kernel_a", 1.0, 30.0)]
