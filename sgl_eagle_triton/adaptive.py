@@ -207,16 +207,13 @@ class TreeEvidence:
         so that Triton compiles it before serving (as ``verify.compile_verify_kernels``)."""
         import torch
 
-        from sgl_eagle_triton.kernels.tree_rows import chain_tree
+        from sgl_eagle_triton.kernels.tree_rows import start_up_chains, verify_outputs
 
         scratch = torch.zeros_like(self.tables)
-        for n, steps in sorted(set(shapes)):
-            for requests in range(1, 3) if n > 1 else ():  # one-node trees add nothing (add)
-                _, index, next_token, next_sibling = chain_tree(n, requests, scratch.device)
-                ints = dict(dtype=torch.int32, device=scratch.device)
-                accept_index = torch.full((requests, steps + 1), -1, **ints)
-                self._count(scratch[0], scratch[1], accept_index, torch.zeros(requests, **ints), index, next_token,
-                            next_sibling)
+        for n, steps, requests, tree in start_up_chains(shapes, scratch.device):
+            if n > 1:  # one-node trees add nothing (add)
+                _, accept_index, accepted = verify_outputs(requests, n, steps, scratch.device)
+                self._count(scratch[0], scratch[1], accept_index, accepted.zero_(), *tree[1:])
 
     def snapshot(self) -> tuple[list, list] | None:
         """``(tried, passed)`` as nested lists [depth][rank] from the last finished copy (None before the first),

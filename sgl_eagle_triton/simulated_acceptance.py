@@ -94,15 +94,14 @@ def compile_walk(shapes, device) -> None:
     """Benchmark mode: :func:`apply`'s walk run on one and on two chains of each ``(draft tokens n, steps)``, so that
     Triton compiles it before serving (as :func:`sgl_eagle_triton.verify.compile_verify_kernels`)."""
     from sgl_eagle_triton.kernels.simulated_walk import simulated_walk
-    from sgl_eagle_triton.kernels.tree_rows import chain_tree, verify_outputs
+    from sgl_eagle_triton.kernels.tree_rows import start_up_chains, verify_outputs
 
     if not active():
         return
     table = _table(profile_name(), str(torch.device(device)))
-    for n, steps in sorted(set(shapes)):
-        for requests in (1, 2):
-            simulated_walk(*verify_outputs(requests, n, steps, device), *chain_tree(n, requests, device),
-                           torch.rand(requests, steps + 1, device=device), table)
+    for n, steps, requests, tree in start_up_chains(shapes, device):
+        simulated_walk(*verify_outputs(requests, n, steps, device), *tree,
+                       torch.rand(requests, steps + 1, device=device), table)
 
 
 def wrap(eagle_sample):

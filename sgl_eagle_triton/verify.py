@@ -35,7 +35,7 @@ from sglang.srt.utils.async_probe import sanitize_nan_logits
 from sgl_eagle_triton import ALGORITHM_NAME
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
-from sgl_eagle_triton.kernels.tree_rows import chain_tree, verify_outputs
+from sgl_eagle_triton.kernels.tree_rows import start_up_chains, verify_outputs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.kernels.verify_attention import MAX_HEAD_DIM, verify_attention
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
@@ -138,22 +138,20 @@ def compile_verify_kernels(shapes, vocab_size: int, device) -> None:
     """Greedy and sampled verification run on one and on two chains of each ``(draft tokens n, steps)`` in
     ``shapes``, so that Triton compiles them before serving. They run outside CUDA graphs, and Triton compiles a
     variant per tree shape at its first launch (``N`` and ``NUM_SPEC`` are compile-time constants; the batch size is
-    not), and per alignment of the tree rows' pointers (one and two requests give both, :func:`chain_tree`): else
+    not), and per alignment of the tree rows' pointers (one and two requests give both, ``start_up_chains``): else
     the first verify of each (an adaptive state's first use, the first sampled request) waits for the compiler,
     0.1-1 s and more while other processes compile. Inputs have serving's dtypes (SGLang's sampling parameters:
     temperatures, top-p, min-p float32, top-k int32), which are part of a variant's key."""
-    for n, steps in sorted(set(shapes)):
-        for requests in (1, 2):
-            tree = chain_tree(n, requests, device)
-            verify_tree_greedy(*verify_outputs(requests, n, steps, device), *tree,
-                               torch.zeros(requests, n, dtype=torch.int64, device=device))
-            ones = torch.ones(requests, dtype=torch.float32, device=device)
-            top_ks = torch.full((requests,), 1 << 30, dtype=torch.int32, device=device)
-            probs = prepare_target_probs(torch.zeros(requests * n, vocab_size, dtype=torch.float32, device=device),
-                                         ones, top_ks, ones, torch.zeros_like(ones), n)
-            tree_speculative_sampling(*verify_outputs(requests, n, steps, device), *tree,
-                                      torch.rand(requests, n, device=device), torch.rand(requests, device=device),
-                                      probs.view(requests, n, vocab_size))
+    for n, steps, requests, tree in start_up_chains(shapes, device):
+        verify_tree_greedy(*verify_outputs(requests, n, steps, device), *tree,
+                           torch.zeros(requests, n, dtype=torch.int64, device=device))
+        ones = torch.ones(requests, dtype=torch.float32, device=device)
+        top_ks = torch.full((requests,), 1 << 30, dtype=torch.int32, device=device)
+        probs = prepare_target_probs(torch.zeros(requests * n, vocab_size, dtype=torch.float32, device=device),
+                                     ones, top_ks, ones, torch.zeros_like(ones), n)
+        tree_speculative_sampling(*verify_outputs(requests, n, steps, device), *tree,
+                                  torch.rand(requests, n, device=device), torch.rand(requests, device=device),
+                                  probs.view(requests, n, vocab_size))
 
 
 def agree_with_rank_0(*tensors) -> None:

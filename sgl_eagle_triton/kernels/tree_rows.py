@@ -19,14 +19,24 @@ def chain_tree(n: int, requests: int, device) -> tuple[torch.Tensor, torch.Tenso
     argument apart by that), candidates int64 (the tree's draft tokens); for ``n == 1`` (steps 0's one-node tree)
     SGLang's own rows, allocated apart, with its int32 bonus tokens as candidates."""
     if n == 1:
-        rows = (torch.arange(requests, device=device)[:, None], *torch.full((2, requests, 1), -1, device=device))
-        return torch.zeros(requests, 1, dtype=torch.int32, device=device), rows[0], rows[1].clone(), rows[2].clone()
+        index = torch.arange(requests, device=device)[:, None]
+        return (torch.zeros(requests, 1, dtype=torch.int32, device=device), index, torch.full_like(index, -1),
+                torch.full_like(index, -1))
     index = torch.arange(requests * n, dtype=torch.int64, device=device).view(requests, n)
     rows = torch.empty(3, requests, n, dtype=torch.int64, device=device)
     rows[0] = index
     rows[1] = torch.where(index % n + 1 < n, index % n + 1, -1)
     rows[2] = -1
     return torch.zeros(requests, n, dtype=torch.int64, device=device), *rows
+
+
+def start_up_chains(shapes, device):
+    """For each distinct ``(draft tokens n, steps)`` in ``shapes``: ``(n, steps, requests, chain_tree(n, requests))``
+    for one and two requests, which between them give both alignments serving gives the tree rows (what the
+    start-up compiles run the verify kernels on)."""
+    for n, steps in sorted(set(shapes)):
+        for requests in (1, 2):
+            yield n, steps, requests, chain_tree(n, requests, device)
 
 
 def row_slices(rows: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
