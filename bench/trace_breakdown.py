@@ -59,26 +59,37 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def stage_times(trace: dict, stages=STAGES) -> dict:
-    """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
+def _index(trace: dict, stages: dict) -> tuple[list, dict, list]:
+    """The trace's complete events, each stage's sorted CPU ranges, and ``(launch time, kernel event)`` of every
+    kernel whose launch is in the trace (a CUDA graph's replayed kernels carry the graph launch's)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     ranges = {s: sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                         if e.get("cat") == "user_annotation" and _matches(e["name"], stages[s])) for s in stages}
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
                  if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    kernels = [(launch_ts[e["args"]["correlation"]], e) for e in events
+               if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launch_ts]
+    return events, ranges, kernels
+
+
+def _within(ranges: list[tuple[float, float]], ts: float) -> bool:
+    """Whether ``ts`` falls in one of the sorted ``ranges``."""
+    i = bisect.bisect_right(ranges, (ts, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= ts <= ranges[i][1]
+
+
+def stage_times(trace: dict, stages=STAGES) -> dict:
+    """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
+    events, ranges, kernels = _index(trace, stages)
     anchor = next((ranges[s] for s in CYCLE_ANCHORS if len(ranges.get(s, ())) > 1), None)
     busy = {s: [] for s in stages}
     cycle_busy = []
-    for e in events:
-        if e.get("cat") != "kernel" or e.get("args", {}).get("correlation") not in launch_ts:
-            continue
-        ts = launch_ts[e["args"]["correlation"]]
+    for ts, e in kernels:
         interval = (e["ts"], e["ts"] + e["dur"])
         if anchor and anchor[0][0] <= ts < anchor[-1][0]:
             cycle_busy.append(interval)
         for s in stages:
-            i = bisect.bisect_right(ranges[s], (ts, float("inf"))) - 1
-            if i >= 0 and ranges[s][i][0] <= ts <= ranges[s][i][1]:
+            if _within(ranges[s], ts):
                 busy[s].append(interval)
     out = {}
     for s in stages:
@@ -103,20 +114,13 @@ def kernel_table(trace: dict, stage: str, top: int = 15, stages=STAGES) -> list[
     """The ``top`` kernels by GPU time launched inside ``stage``'s CPU range (replays of a CUDA graph launched there
     included): ``(kernel name, launches per occurrence, µs per occurrence)``, most time first. What a stage's
     ``gpu_busy_ms`` is made of, e.g. two systems' draft side by side."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                    if e.get("cat") == "user_annotation" and _matches(e["name"], stages[stage]))
+    _, ranges, kernels = _index(trace, {stage: stages[stage]})
+    ranges = ranges[stage]
     if not ranges:
         return []
-    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
-                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     calls: dict[str, list[float]] = {}
-    for e in events:
-        ts = launch_ts.get(e.get("args", {}).get("correlation")) if e.get("cat") == "kernel" else None
-        if ts is None:
-            continue
-        i = bisect.bisect_right(ranges, (ts, float("inf"))) - 1
-        if i >= 0 and ranges[i][0] <= ts <= ranges[i][1]:
+    for ts, e in kernels:
+        if _within(ranges, ts):
             calls.setdefault(e["name"], []).append(e["dur"])
     n = len(ranges)
     rows = [(name, len(durs) / n, sum(durs) / n) for name, durs in calls.items()]
