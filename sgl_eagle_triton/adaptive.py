@@ -270,21 +270,25 @@ class CycleCost:
 
     def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> None:
         key = (steps, self.bucket(batch_size))
-        rest = max(wall_ms - self.graphs_ms(steps, batch_size), 0.0)
+        graphs = self.graphs_ms(steps, batch_size)
+        rest = max(wall_ms - graphs, 0.0)
         early = self._early.setdefault(key, [])
         if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
             early.append(rest)      # against 5 ms at the first step of a batch size)
             self.rest[key] = sorted(early)[(len(early) - 1) // 2]
             return
         old = self.rest.get(key)
-        if old is not None and rest > 3 * old + 1.0:  # a prefill or a pause fell between the two steps
+        # a prefill or a pause fell between the two steps: over 3x the expected cycle (not 3x the rest alone: a rest
+        # learnt as 0 would then drop every later sample above 1 ms and stay 0 for good)
+        if old is not None and wall_ms > 3 * (graphs + old) + 1.0:
             return
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
         """The state's rest at the batch's bucket once counted (:meth:`counted`); until then, for a drafting state,
         the smallest counted rest of another drafting state there (steps 0 borrows none: it runs no tree work), else
-        its own first samples' (their lower median), else 0."""
+        its own first samples' (their lower median), else its own counted rest at the nearest smaller bucket (the
+        rest grows with the batch: still a low price, so the state is tried), else 0."""
         bucket = self.bucket(batch_size)
         if self.counted(steps, bucket):
             return self.rest[steps, bucket]
@@ -292,7 +296,10 @@ class CycleCost:
                     if steps > 0 and s > 0 and s != steps and b == bucket and self.counted(s, b)]
         if borrowed:
             return min(borrowed)
-        return self.rest.get((steps, bucket), 0.0)
+        if (steps, bucket) in self.rest:
+            return self.rest[steps, bucket]
+        smaller = [b for s, b in self.rest if s == steps and b < bucket and self.counted(s, b)]
+        return self.rest[steps, max(smaller)] if smaller else 0.0
 
     def cost(self, steps: int, batch_size: int) -> float:
         return self.graphs_ms(steps, batch_size) + self.rest_ms(steps, batch_size)
@@ -326,6 +333,10 @@ class CostAwarePolicy:
         self._verifies = 0
         self._clock = clock
         self._last_step: tuple[float, int, int] | None = None  # (time, steps, batch size) of the last decode step
+        # and of the one before it: under overlap scheduling the time from one decode step's call to the next is the
+        # GPU time of the step BEFORE the first (SGLang launches step j + 1 once step j - 1's results are in), so a
+        # cycle is timed only when both steps ran the same state at the same batch size
+        self._step_before: tuple[float, int, int] | None = None
         self._decided_at: int | None = None  # the captured size the batch padded to at the last decision
         self._last_bucket, self._held = None, 0  # the last decode step's captured size, and for how many steps
         self.switches = 0
@@ -340,14 +351,14 @@ class CostAwarePolicy:
         return None if self.cuda_graph_bs is None else list(self.cuda_graph_bs)
 
     def get_steps_for_batch(self, batch_size: int) -> int:
-        """Called before every decode step: the step count to put in force (also times the previous cycle). When
+        """Called before every decode step: the step count to put in force (also times a cycle: ``_step_before``). When
         the batch has padded to another captured size than at the last decision for two steps in a row, the policy
         decides at once (once the state in force has had a verify counted, and ``update_interval`` since start)."""
         now = self._clock()
         if self.costs is not None:
-            if self._last_step is not None:
+            if self._last_step is not None and self._step_before is not None:
                 then, steps, bs = self._last_step
-                if steps == self.current and bs == batch_size:
+                if self._step_before[1:] == (steps, bs) and bs == batch_size:
                     self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
             bucket = self.costs.bucket(batch_size)
             self._held = self._held + 1 if bucket == self._last_bucket else 1
@@ -358,8 +369,8 @@ class CostAwarePolicy:
                   and self._verifies >= self.update_interval):
                 if self.trees:
                     self._refresh_trees()  # the tokens counted so far belong to the state in force
-                self._decide(batch_size)
-        self._last_step = (now, self.current, batch_size)
+                self._decide(batch_size, margin=0.0)  # the state in force was chosen for another size: no hysteresis
+        self._step_before, self._last_step = self._last_step, (now, self.current, batch_size)
         return self.current
 
     def forget_last_step(self) -> None:
@@ -387,13 +398,13 @@ class CostAwarePolicy:
 
     # -- the decision --------------------------------------------------------------------------------------------
 
-    def _decide(self, batch_size: int) -> int | None:
-        """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` times the current one
-        (every rank adopting rank 0's choice); returns it when it switched, else None."""
+    def _decide(self, batch_size: int, margin: float | None = None) -> int | None:
+        """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` (default ``self.margin``)
+        times the current one (every rank adopting rank 0's choice); returns it when it switched, else None."""
         self._decided_at = self.costs.bucket(batch_size)
+        margin = self.margin if margin is None else margin
         best = self.best(batch_size)
-        if best == self.current or self.value(best, batch_size) <= (1 + self.margin) * self.value(self.current,
-                                                                                                batch_size):
+        if best == self.current or self.value(best, batch_size) <= (1 + margin) * self.value(self.current, batch_size):
             best = self.current
         if self.agree is not None:
             best = self.agree(best)
