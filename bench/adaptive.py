@@ -56,7 +56,6 @@ from bench.serve import (
     verify_attention,
     write_models,
 )
-from sgl_eagle_triton.config import EXPERIMENTAL_MIXED_TOPK_ENV
 from sgl_eagle_triton.launcher import Server, exit_on_sigterm
 from sgl_eagle_triton.testing import CODE_PROMPTS
 
@@ -70,17 +69,16 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
-    "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server (a trial)
+    "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server
 }
 DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
 # eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0, all at topk TREE_TOPK: at
 # large batches narrow trees (2, 8, 3), (3, 8, 4) verify as few tokens as the chains (2,1,3), (3,1,4) (their nodes
 # the best of 8-wide levels), drafting 8 rows per request a level
 TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 2: 3, 3: 4, 4: 16, 5: 32, 7: 64}
-# eagle_triton_cost_mixed: chains (1,1,2), (2,1,3), (3,1,4) for large batches among the trees; candidates narrower
-# than the server's topk are an explicit trial (config.EXPERIMENTAL_MIXED_TOPK_ENV, set for that server)
+# eagle_triton_cost_mixed: chains (1,1,2), (2,1,3), (3,1,4) for large batches among the trees (candidates narrower
+# than the server's topk, docs/adaptive.md)
 MIXED_DRAFT_TOKENS = {1: [1, 2], 2: [1, 3], 3: [1, 4], 4: 16, 5: 32, 7: 64}
-MIXED_ENV = {EXPERIMENTAL_MIXED_TOPK_ENV: "1"}
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -318,8 +316,7 @@ def main(argv=None):
             name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
             server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
                                                 *shlex.split(args.server_flags)],
-                            args.workdir, env={**env, **(MIXED_ENV if policy == "cost-mixed" else {}),
-                                               **server_env(args.server_env)})
+                            args.workdir, env={**env, **server_env(args.server_env)})
             try:
                 server.wait_ready(900)
                 attention = verify_attention(server)

