@@ -71,7 +71,9 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
     "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server
 }
-DEFAULT_CANDIDATES = [0, 1, 3, 7]  # SGLang 0.5.17's default brackets' union
+# eagle_triton_cost's candidate step counts: SGLang 0.5.17's default brackets' union (0, 1, 3, 7) and 5, the chain
+# of the real pair's best static shape (5,1,6) (rows: 'candidates'; rows without it ran 0, 1, 3, 7)
+COST_CANDIDATES = [0, 1, 3, 5, 7]
 # eagle_triton_cost_trees: (steps, TREE_TOPK, draft tokens) per candidate, and steps 0, all at topk TREE_TOPK: at
 # large batches narrow trees (2, 8, 3), (3, 8, 4) verify as few tokens as the chains (2,1,3), (3,1,4) (their nodes
 # the best of 8-wide levels), drafting 8 rows per request a level
@@ -95,7 +97,7 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
             args += ["--speculative-num-steps", str(STOCK_ADAPTIVE_FIRST_STEPS)]
         if policy == "cost":
             config = config_dir / "adaptive-cost.json"
-            config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": DEFAULT_CANDIDATES}}))
+            config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": COST_CANDIDATES}}))
             args += ["--speculative-adaptive-config", str(config)]
         if policy in ("cost-trees", "cost-mixed"):
             config = config_dir / f"adaptive-{policy}.json"
@@ -328,6 +330,7 @@ def main(argv=None):
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()),
                                      card=args.card, env=" ".join(args.server_env), flags=args.server_flags,
                                      verify_attention=attention,
+                                     candidates=COST_CANDIDATES if policy == "cost" else None,
                                      max_new_tokens=MAX_NEW_TOKENS, **result))
                     print(name, batch, result, flush=True)
             except Exception as e:  # a server that failed to start or serve: the sweep goes on without it

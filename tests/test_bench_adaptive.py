@@ -21,7 +21,7 @@ def test_spec_args_per_system(tmp_path):
     assert stock[-3:] == ["--speculative-adaptive", "--speculative-num-steps", "7"]
     cost = adaptive.spec_args("eagle_triton_cost", draft, None, tmp_path)
     config = json.loads(Path(cost[cost.index("--speculative-adaptive-config") + 1]).read_text())
-    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 7]
+    assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 3, 5, 7]
     trees = adaptive.spec_args("eagle_triton_cost_trees", draft, None, tmp_path)
     config = json.loads(Path(trees[trees.index("--speculative-adaptive-config") + 1]).read_text())
     assert config["eagle_triton_policy"] == "cost" and config["1"]["candidate_steps"] == [0, 1, 2, 3, 4, 5, 7]
@@ -171,3 +171,4 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())
     assert {r["flags"] for r in rows} == {"--attention-backend flashinfer"}
     assert {r["verify_attention"] for r in rows} == {"sglang"}
+    assert {r["system"]: r["candidates"] for r in rows} == {"nospec": None, "eagle_triton_cost": [0, 1, 3, 5, 7]}
