@@ -2,6 +2,7 @@
 
     python -m bench.drafter [--out bench/results]        (on a GPU, from the repository root)
     python -m bench.drafter --kv-formats [--out ...]      whole draft under each KV format and page size
+    python -m bench.drafter --tp 4 [--out ...]            one rank's draft at --tp 4 (shard shapes, no collectives)
 
 With ``--kv-formats`` only the whole-draft rows run, once per KV format (``KV_FORMATS``: bf16 / page 1, bf16 /
 page 16, FP8 e4m3 / page 1, FP8 e4m3 / page 16, in that order and then again reversed, so neither end of the run
@@ -16,6 +17,12 @@ matmul + softmax + top-k, each cycling through copies of its weight so that no r
 The floor of a draft is the bytes it must read
 (draft weights once per forward, each request's prefix KV once per forward) over the measured copy
 bandwidth (read + write bytes of a large copy). Writes ``<date>-<gpu>-drafter.json`` and ``.md``.
+
+With ``--tp N`` every row runs rank 0's part of a draft at ``--tp N`` (``testing.draft_shard``: SGLang's shards
+of the weights and KV heads) with the collectives replaced by local stand-ins (the all-reduce returns its input, the
+all-gather stacks N copies of it, so that the LM head's merge does a real merge's work): the GPU work of one rank
+without the link and without the other ranks' skew, against the shard's floor. Per-op rows take the shard's
+weights, the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards`. Writes ``...-drafter-tp<N>.*``.
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ import torch.nn.functional as F
 import triton
 
 from bench.kernels import gpu_run_setup
-from sgl_eagle_triton.drafter import FusedDrafter
+from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.linear import linear
-from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
-from sgl_eagle_triton.testing import random_batch, random_draft
+from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
+from sgl_eagle_triton.testing import draft_shard, random_batch, random_draft
 
 DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -51,14 +58,37 @@ def weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in (w.qkv, w.o_proj, w.gate_up, w.down, w.lm_head))
 
 
-def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1):
+def local_rank(size: int, embed_shard: tuple, lm_head_shard: tuple) -> TensorParallel:
+    """Rank 0 of ``size`` with local stand-ins for the collectives: the all-reduce returns its input, the all-gather
+    stacks ``size`` copies (every later kernel, the LM head's merge included, does a real rank's work)."""
+    return TensorParallel(size, 0, all_reduce=lambda t: t,
+                          all_gather=lambda t: t.unsqueeze(0).expand(size, *t.shape).contiguous(),
+                          embed_shard=embed_shard, lm_head_shard=lm_head_shard)
+
+
+_RANKS: dict = {}  # (id of the whole draft's weights, tp) -> rank_weights' result
+
+
+def rank_weights(w, tp: int):
+    """``(weights, TensorParallel or None, KV heads)`` of rank 0 at ``tp`` ranks (the whole draft at 1)."""
+    if tp == 1:
+        return w, None, slice(None)
+    if (id(w), tp) not in _RANKS:
+        local, embed_shard, head_shard, heads = draft_shard(w, 0, tp)
+        _RANKS[id(w), tp] = local, local_rank(tp, embed_shard, head_shard), heads
+    return _RANKS[id(w), tp]
+
+
+def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1, tp=1):
     """A repeatable draft of a random batch (``bs`` requests, ``PREFIX``-token prefixes in a pool of
     ``page_size``-slot pages, FP8 when ``kv_dtype`` is given, with scales 0.5 / 0.25): a function that runs
-    ``FusedDrafter.draft`` and puts the positions it advanced back."""
+    ``FusedDrafter.draft`` (rank 0's at ``tp`` > 1, :func:`rank_weights`) and puts the positions it advanced back."""
     scales = (0.5, 0.25) if kv_dtype is not None else (1.0, 1.0)
     b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda",
                      kv_dtype=kv_dtype, kv_scales=scales, page_size=page_size)
-    drafter = FusedDrafter(w, topk, steps, n, b["k_cache"], b["v_cache"], b["req_to_token"], *scales)
+    local, parallel, heads = rank_weights(w, tp)
+    drafter = FusedDrafter(local, topk, steps, n, b["k_cache"][:, heads].contiguous(),
+                           b["v_cache"][:, heads].contiguous(), b["req_to_token"], *scales, tp=parallel)
 
     def run():
         drafter.draft(b["topk_p"], b["topk_index"], b["hidden"], b["positions"], b["seq_lens"], b["req_pool_indices"])
@@ -67,14 +97,15 @@ def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1):
     return run
 
 
-def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1):
-    t = graph_us(draft_once(w, steps, topk, n, bs, kv_dtype, page_size))
+def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1, tp=1):
+    t = graph_us(draft_once(w, steps, topk, n, bs, kv_dtype, page_size, tp))
+    local = rank_weights(w, tp)[0]
     forwards = steps - 1
     kv_item = 2 if kv_dtype is None else 1
-    kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * kv_item  # each request's prefix K and V
-    floor = forwards * (weight_bytes(w) + kv_bytes) / bandwidth * 1e6
+    kv_bytes = bs * PREFIX * local.num_kv_heads * local.head_dim * 2 * kv_item  # each request's prefix K and V
+    floor = forwards * (weight_bytes(local) + kv_bytes) / bandwidth * 1e6
     return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
-                kv_cache_dtype=kv_name(kv_dtype), page_size=page_size,
+                kv_cache_dtype=kv_name(kv_dtype), page_size=page_size, tp=tp,
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
 
 
@@ -116,10 +147,10 @@ def kv_markdown(rows, gpu, bandwidth) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chain_kernels(w, steps, topk, n, bs) -> list[dict]:
+def chain_kernels(w, steps, topk, n, bs, tp=1) -> list[dict]:
     """Device time of every kernel of one draft, in launch order (torch profiler over one eager draft after a
     warm-up): the ops as they run in the chain, to set beside the isolated per-op rows."""
-    run = draft_once(w, steps, topk, n, bs)
+    run = draft_once(w, steps, topk, n, bs, tp=tp)
     run()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -130,8 +161,11 @@ def chain_kernels(w, steps, topk, n, bs) -> list[dict]:
     return [dict(kernel=e.name, us=e.device_time) for e in kernels]
 
 
-def bench_ops(w, rows_n, bandwidth):
-    """Per-op rows for ``rows_n = bs * topk`` rows: ours vs cuBLAS, device time in a CUDA graph."""
+def bench_ops(w, rows_n, bandwidth, tp=1):
+    """Per-op rows for ``rows_n = bs * topk`` rows: ours vs cuBLAS, device time in a CUDA graph (rank 0's shards at
+    ``tp`` > 1: the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards` of ``tp`` copies against cuBLAS
+    over the shard + softmax + top-8, the part of stock's LM head before its gather)."""
+    w, parallel, _ = rank_weights(w, tp)
     H = w.hidden_size
     x2 = torch.randn(rows_n, 2 * H, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
@@ -157,6 +191,16 @@ def bench_ops(w, rows_n, bandwidth):
             lambda wt: lm_head_topk(x, wt, 8, norm_weight=w.final_norm, eps=1e-5, token_map=w.token_map),
             lambda wt: torch.softmax(F.linear(x, wt).float(), -1).topk(8), w.lm_head),
     }
+    if parallel is not None:
+        offset, valid = parallel.lm_head_shard
+
+        def shard_head(wt):
+            keys, sums = lm_head_topk_shard(x, wt, 8, norm_weight=w.final_norm, eps=1e-5, vocab_offset=offset,
+                                            valid=valid)
+            return merge_shards(parallel.all_gather(keys), parallel.all_gather(sums), wt.shape[0], 8,
+                                token_map=w.token_map)
+
+        cases["lm_head + softmax + top-8"] = (shard_head, cases["lm_head + softmax + top-8"][1], w.lm_head)
     ours_impl = "triton (ours)" if rows_n < CUBLAS_MIN_ROWS else "ours (cuBLAS GEMM + Triton norm / epilogue / top-k)"
     rows = []
     for op, (ours, cublas, weight) in cases.items():
@@ -170,15 +214,19 @@ def bench_ops(w, rows_n, bandwidth):
                 return [fn(wt) for wt in copies]
 
             t = graph_us(run_all) / len(copies)
-            rows.append(dict(op=op, impl=impl, rows=rows_n, graph_us=t, floor_us=floor, over_floor=t / floor))
+            rows.append(dict(op=op, impl=impl, rows=rows_n, tp=tp, graph_us=t, floor_us=floor,
+                             over_floor=t / floor))
         del copies
     return rows
 
 
-def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
+def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None, tp=1) -> str:
     lines = [
         f"# Fused drafter on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)",
         "",
+        *([f"Rank 0 of `--tp {tp}`: its shards of the weights and KV heads, the collectives replaced by local "
+           "stand-ins (no link, no other ranks): one rank's GPU work; floors count the shard's bytes.", ""]
+          if tp > 1 else []),
         f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write). Device times in a CUDA graph, microseconds,",
         "median. Floor: draft weights (+ prefix KV) read once per draft forward at that bandwidth.",
         "",
@@ -195,19 +243,19 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None) -> str:
     for ours, ref in zip(op_rows[::2], op_rows[1::2], strict=True):
         lines.append(f"| {ours['op']} | {ours['rows']} | {ours['graph_us']:.1f} | {ref['graph_us']:.1f} | "
                      f"{ours['floor_us']:.1f} | {ours['over_floor']:.2f} | {ours['graph_us'] / ref['graph_us']:.2f} |")
-    for bs, kernels in (chain or {}).items():
+    for case, kernels in (chain or {}).items():
         totals: dict = {}  # kernel -> [launches, us], in first-launch order
         for k in kernels:
             entry = totals.setdefault(k["kernel"], [0, 0.0])
             entry[0] += 1
             entry[1] += k["us"]
-        lines += ["", f"Kernels of one draft at {CONFIGS[0]}, batch {bs} (eager, profiler device time): "
+        lines += ["", f"Kernels of one draft at {case} (eager, profiler device time): "
                   + ", ".join(f"{name} {n}x {us:.1f} us" for name, (n, us) in totals.items())]
     return "\n".join(lines) + "\n"
 
 
 def main():
-    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats",))
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats",), {"--tp": 1})
     w, _ = random_draft(True, "cuda", **DIMS)
     if args.kv_formats:
         rows = bench_kv_formats(w, bandwidth)
@@ -217,21 +265,23 @@ def main():
         (out_dir / f"{stamp}.md").write_text(kv_markdown(rows, gpu, bandwidth))
         print(kv_markdown(rows, gpu, bandwidth))
         return
+    tp = args.tp
     draft_rows = []
     for steps, topk, n in CONFIGS:
         for bs in BATCHES:
-            draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth))
+            draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth, tp=tp))
             print(draft_rows[-1], flush=True)
-    chain = {bs: chain_kernels(w, *CONFIGS[0], bs) for bs in (1, 32)}
-    op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth)]
+    chain = {f"{','.join(map(str, cfg))}, batch {bs}": chain_kernels(w, *cfg, bs, tp)
+             for cfg in (CONFIGS[:2] if tp > 1 else CONFIGS[:1]) for bs in (1, 32)}
+    op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth, tp)]
     for r in op_rows:
         r["gpu"] = gpu
-    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter"
+    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter" + (f"-tp{tp}" if tp > 1 else "")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows,
-                                                           ops=op_rows, chain=chain), indent=1))
-    (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth, chain))
-    print(markdown(draft_rows, op_rows, gpu, bandwidth, chain))
+                                                           ops=op_rows, chain=chain, tp=tp), indent=1))
+    (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth, chain, tp))
+    print(markdown(draft_rows, op_rows, gpu, bandwidth, chain, tp))
 
 
 if __name__ == "__main__":

@@ -257,14 +257,18 @@ OPS = [
 ]
 
 
-def gpu_run_setup(doc: str, switches: tuple[str, ...] = ()) -> tuple[Path, str, float, argparse.Namespace]:
+def gpu_run_setup(doc: str, switches: tuple[str, ...] = (), numbers: dict[str, int] | None = None
+                  ) -> tuple[Path, str, float, argparse.Namespace]:
     """What every GPU benchmark starts with: ``(--out folder, default bench/results; the GPU's name; its
     measured copy bandwidth in bytes/s; the parsed CLI)``, its CLI described by the module docstring ``doc``
-    and taking ``--out`` and the on/off ``switches`` (e.g. ``"--kv-formats"``)."""
+    and taking ``--out``, the on/off ``switches`` (e.g. ``"--kv-formats"``) and integer options ``numbers``
+    ({option: default})."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     for switch in switches:
         parser.add_argument(switch, action="store_true")
+    for option, default in (numbers or {}).items():
+        parser.add_argument(option, type=int, default=default)
     args = parser.parse_args()
     return Path(args.out), torch.cuda.get_device_name(), copy_bandwidth(), args
 

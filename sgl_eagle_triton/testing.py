@@ -65,6 +65,36 @@ def random_draft(eagle3: bool, device, *, H=64, Hq=4, Hkv=2, D=16, inter=96, voc
     return w, gen
 
 
+def draft_shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tuple, tuple, slice]:
+    """Rank ``rank`` of ``size``'s draft weights as SGLang shards them (column-parallel QKV and gate/up, row-parallel
+    o_proj and down, vocabulary-parallel embedding and LM head), its embedding / LM-head ``(offset, valid)`` and its
+    KV heads (a slice of the whole draft's)."""
+    D, Hq, Hkv = w.head_dim, w.num_q_heads, w.num_kv_heads
+    hq, inter = Hq // size, w.down.shape[1] // size
+    # KV heads split over the ranks, or (fewer heads than ranks) replicated: rank r holds head r // (size // Hkv)
+    hkv, kv_index = (Hkv // size, rank) if Hkv >= size else (1, rank // (size // Hkv))
+    q, k, v = w.qkv.split([Hq * D, Hkv * D, Hkv * D])
+
+    def part(t, n, index=rank):  # rows of this rank
+        return t[index * n:(index + 1) * n]
+
+    qkv = torch.cat([part(q, hq * D), part(k, hkv * D, kv_index), part(v, hkv * D, kv_index)]).contiguous()
+    gate, up = w.gate_up.chunk(2)
+    vocab, draft_vocab = w.embed.shape[0] // size, w.lm_head.shape[0] // size
+    local = DraftWeights(
+        eagle3=w.eagle3, embed=part(w.embed, vocab).contiguous(), qkv=qkv,
+        o_proj=w.o_proj[:, rank * hq * D:(rank + 1) * hq * D].contiguous(), post_norm=w.post_norm,
+        gate_up=torch.cat([part(gate, inter), part(up, inter)]).contiguous(),
+        down=w.down[:, rank * inter:(rank + 1) * inter].contiguous(), lm_head=part(w.lm_head, draft_vocab).contiguous(),
+        rotary=w.rotary, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, eps=w.eps, input_norm=w.input_norm,
+        hidden_norm=w.hidden_norm, final_norm=w.final_norm, fc=w.fc, fc_bias=w.fc_bias, token_map=w.token_map,
+        o_bias=w.o_bias if w.o_bias is None else w.o_bias,
+        qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D, i) for b, n, i in zip(
+            w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), (rank, kv_index, kv_index), strict=True)]))
+    heads = slice(kv_index * hkv, (kv_index + 1) * hkv)
+    return local, (rank * vocab, vocab), (rank * draft_vocab, draft_vocab), heads
+
+
 def random_batch(w: DraftWeights, bs: int, topk: int, steps: int, seq_lens: list[int], gen: torch.Generator, device,
                  kv_dtype: torch.dtype | None = None, kv_scales: tuple[float, float] = (1.0, 1.0), page_size: int = 1):
     """A batch state for a draft (the inputs SGLang hands ``draft_forward``), as a dict.

@@ -23,10 +23,11 @@ def test_drafter_markdown():
                for impl, t in (("triton (ours)", 36.0), ("cuBLAS + torch", 40.0))]
     table = drafter.markdown(draft_rows, op_rows, "GPU X", 3e12)
     assert "| 5,8,32 | 1 | 1500 | 1000 | 1.50 |" in table and "| qkv | 8 | 36.0 | 40.0 | 30.0 | 1.20 | 0.90 |" in table
-    chain = {1: [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5),
+    chain = {"5,8,32, batch 1": [dict(kernel="_linear_kernel", us=38.04), dict(kernel="_merge_kernel", us=2.5),
                  dict(kernel="_linear_kernel", us=10.0)]}
-    assert "batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
+    assert "at 5,8,32, batch 1 (eager, profiler device time): _linear_kernel 2x 48.0 us, _merge_kernel 1x 2.5 us" in \
         drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain)
+    assert "Rank 0 of `--tp 4`" in drafter.markdown(draft_rows, op_rows, "GPU X", 3e12, chain, tp=4)
     assert drafter.gpu_run_setup is kernels.gpu_run_setup
 
 
@@ -55,3 +56,26 @@ def test_tree_shape_monte_carlo():
     assert tree_shape.shape_stats(3, 1, 4, 5.0, trials=2)[0] == pytest.approx(chain)
     tokens = tree_shape.expected_tokens([(0,), (1,), (0, 0)], [0.5, 0.25], 1.0)
     assert tokens == pytest.approx(1 + 0.5 + 0.25 + 0.5 * 0.5)
+
+
+def test_one_rank_of_the_drafter_runs_with_local_stand_ins_for_the_collectives(device):
+    """``bench.drafter --tp N``: rank 0's shards (SGLang's split of heads, MLP columns and vocabulary), an all-reduce
+    that returns its input and an all-gather of N copies; the draft runs and its LM head merges N parts."""
+    import torch
+
+    from sgl_eagle_triton.drafter import FusedDrafter
+    from sgl_eagle_triton.testing import random_batch, random_draft
+
+    w, gen = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
+    local, parallel, heads = drafter.rank_weights(w, 2)
+    assert drafter.rank_weights(w, 2)[0] is local and drafter.rank_weights(w, 1) == (w, None, slice(None))
+    assert local.qkv.shape == ((2 + 1 + 1) * 16, 128) and local.lm_head.shape == (60, 64) and heads == slice(0, 1)
+    assert parallel.all_gather(torch.arange(3)).tolist() == [[0, 1, 2], [0, 1, 2]]
+    part = torch.ones(2)
+    assert parallel.all_reduce(part) is part
+    b = random_batch(w, 2, 2, 3, [5, 9], gen, device)
+    d = FusedDrafter(local, 2, 3, 4, b["k_cache"][:, heads].contiguous(), b["v_cache"][:, heads].contiguous(),
+                     b["req_to_token"], tp=parallel)
+    parents, selected, tokens, scores = d.draft(b["topk_p"], b["topk_index"], b["hidden"], b["positions"],
+                                                b["seq_lens"], b["req_pool_indices"])
+    assert tokens.shape == (2, 3) and bool((tokens >= 0).all())

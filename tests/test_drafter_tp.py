@@ -14,8 +14,8 @@ for the LM head (the all-gathers' widest tensor), never logits.
 import pytest
 import torch
 
-from sgl_eagle_triton.drafter import DraftWeights, FusedDrafter, TensorParallel, shard_layout_problems
-from sgl_eagle_triton.testing import random_batch, random_draft
+from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel, shard_layout_problems
+from sgl_eagle_triton.testing import draft_shard, random_batch, random_draft
 
 # Row-parallel sums round each rank's product before adding (SGLang's all-reduce of bf16 / fp16 outputs), one
 # rounding more than one GPU's. Measured on the CPU (interpreter), fp16, this file's cases: largest relative
@@ -49,34 +49,6 @@ def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_width
     return TensorParallel(size, rank, all_reduce, all_gather, embed_shard, lm_head_shard)
 
 
-def shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tuple, tuple, slice]:
-    """Rank ``rank``'s draft weights, its embedding / LM-head ``(offset, valid)`` and its KV heads."""
-    D, Hq, Hkv = w.head_dim, w.num_q_heads, w.num_kv_heads
-    hq, inter = Hq // size, w.down.shape[1] // size
-    # KV heads split over the ranks, or (fewer heads than ranks) replicated: rank r holds head r // (size // Hkv)
-    hkv, kv_index = (Hkv // size, rank) if Hkv >= size else (1, rank // (size // Hkv))
-    q, k, v = w.qkv.split([Hq * D, Hkv * D, Hkv * D])
-
-    def part(t, n, index=rank):  # rows of this rank
-        return t[index * n:(index + 1) * n]
-
-    qkv = torch.cat([part(q, hq * D), part(k, hkv * D, kv_index), part(v, hkv * D, kv_index)]).contiguous()
-    gate, up = w.gate_up.chunk(2)
-    vocab, draft_vocab = w.embed.shape[0] // size, w.lm_head.shape[0] // size
-    local = DraftWeights(
-        eagle3=w.eagle3, embed=part(w.embed, vocab).contiguous(), qkv=qkv,
-        o_proj=w.o_proj[:, rank * hq * D:(rank + 1) * hq * D].contiguous(), post_norm=w.post_norm,
-        gate_up=torch.cat([part(gate, inter), part(up, inter)]).contiguous(),
-        down=w.down[:, rank * inter:(rank + 1) * inter].contiguous(), lm_head=part(w.lm_head, draft_vocab).contiguous(),
-        rotary=w.rotary, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, eps=w.eps, input_norm=w.input_norm,
-        hidden_norm=w.hidden_norm, final_norm=w.final_norm, fc=w.fc, fc_bias=w.fc_bias, token_map=w.token_map,
-        o_bias=w.o_bias if w.o_bias is None else w.o_bias,
-        qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D, i) for b, n, i in zip(
-            w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), (rank, kv_index, kv_index), strict=True)]))
-    heads = slice(kv_index * hkv, (kv_index + 1) * hkv)
-    return local, (rank * vocab, vocab), (rank * draft_vocab, draft_vocab), heads
-
-
 def _case(device, case):
     eagle3, bs, topk, steps, n, seq_lens, seed = case[:7]
     w, gen = random_draft(eagle3, device, seed=seed, dtype=torch.float16, H=64, Hq=4, Hkv=2, D=16, inter=96,
@@ -92,7 +64,7 @@ def _rank_main(rank, size, init_file, out_file, device, case):
     try:
         w, batch = _case(device, case)
         topk, steps, n = case[2:5]
-        local, embed_shard, head_shard, heads = shard(w, rank, size)
+        local, embed_shard, head_shard, heads = draft_shard(w, rank, size)
         widths = []
         drafter = FusedDrafter(local, topk, steps, n, batch["k_cache"][:, heads].contiguous(),
                                batch["v_cache"][:, heads].contiguous(), batch["req_to_token"],
