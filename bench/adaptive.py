@@ -10,6 +10,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive --merge lane0.json lane1.json --out bench/results/adaptive.json   # lanes' rows
     python -m bench.adaptive ... --server-flags "--attention-backend flashinfer"   # every server with these flags
     python -m bench.adaptive ... --server-env SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0   # and this environment
+    python -m bench.adaptive --real-pair --interleave ...   # every server at once, batches measured in turn
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -33,6 +34,12 @@ crashes at start otherwise; docs/design.md). Every server runs the triton attent
 own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``card`` (``CUDA_VISIBLE_DEVICES``, or
 ``--card``: shares run in separate calls of one GPU each need their own label) and the report compares each system
 with the no-spec of its own card.
+
+``--interleave`` (the trained pair only: its servers fit one GPU together): every system's server starts at once on
+the one GPU (``INTERLEAVE_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch by batch every
+server is measured twice, the systems in one order and then in the reverse (the first order alternating between
+batches); a row keeps the mean and both timings (``runs``). The tiny pair is host-bound: measured one server after
+another, its rows moved by up to 40 % between calls with other servers starting on the host.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 2: 3, 3: 4, 4: 16, 5: 32, 7: 64}
 # eagle_triton_cost_mixed: chains (1,1,2), (2,1,3), (3,1,4) for large batches among the trees (candidates narrower
 # than the server's topk, docs/adaptive.md)
 MIXED_DRAFT_TOKENS = {1: [1, 2], 2: [1, 3], 3: [1, 4], 4: 16, 5: 32, 7: 64}
+INTERLEAVE_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]  # several servers on one GPU, idle ones quiet
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -282,6 +290,9 @@ def parse_args(argv=None):
                         "flashinfer' (rows: 'flags', part of their key)")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
+    parser.add_argument("--interleave", action="store_true",
+                        help="with --real-pair: start every server at once and measure them batch by batch, each "
+                             "batch twice in alternating order (rows: the mean, 'runs' both)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
                         "cards, each with its own no-spec) into --out, with its table and plot")
@@ -299,6 +310,9 @@ def main(argv=None):
     if args.merge:
         save(args.out, [r for path in args.merge for r in json.loads(path.read_text())])
         return
+    if args.interleave and not args.real_pair:
+        raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
+                         "together)")
     import sglang
     import torch
 
@@ -311,34 +325,75 @@ def main(argv=None):
         env = simulation_env(args.simulate_acc_len, args.acceptance_profile)
         acceptance = acceptance_label(args.simulate_acc_len, args.acceptance_profile)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    gpu, rows = torch.cuda.get_device_name(), []
-    for system in args.systems:
-        algorithm, policy = SYSTEMS[system]
-        for shape in ([None] if algorithm is None or policy else args.shapes):
-            name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
-            server = Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
-                                                *shlex.split(args.server_flags)],
-                            args.workdir, env={**env, **server_env(args.server_env)})
+    meta = dict(acceptance=acceptance, gpu=torch.cuda.get_device_name(), sglang_version=sglang.__version__,
+                date=str(datetime.date.today()), card=args.card, env=" ".join(args.server_env),
+                flags=args.server_flags, max_new_tokens=MAX_NEW_TOKENS)
+    servers = [(system, shape) for system in args.systems
+               for shape in ([None] if SYSTEMS[system][0] is None or SYSTEMS[system][1] else args.shapes)]
+
+    def start(system, shape, extra=()):
+        name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
+        return Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
+                                          *shlex.split(args.server_flags), *extra],
+                      args.workdir, env={**env, **server_env(args.server_env)})
+
+    if args.interleave:
+        return interleaved(servers, start, args, meta)
+    rows = []
+    for system, shape in servers:
+        server = start(system, shape)
+        try:
+            server.wait_ready(900)
+            attention = verify_attention(server)
+            for batch in args.batches:
+                result = measure(server.url, batch, args.real_pair)
+                rows.append(row(system, shape, batch, meta, attention, result))
+                print(server.name, batch, result, flush=True)
+        except Exception as e:  # a server that failed to start or serve: the sweep goes on without it
+            print(f"{server.name}: {e!r}", flush=True)
+        finally:
+            server.stop()
+            if rows:
+                save(args.out, rows)
+
+
+def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict) -> dict:
+    return dict(system=system, steps=shape[0] if shape else None, topk=shape[1] if shape else None,
+                draft_tokens=shape[2] if shape else None, batch=batch, **meta, verify_attention=attention,
+                candidates=COST_CANDIDATES if SYSTEMS[system][1] == "cost" else None, **result)
+
+
+def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
+    """``--interleave``: every server at once; per batch each measured twice, in alternating order; a row keeps the
+    mean ``tok_per_s`` and ``accept_len`` of the two and both timings (``runs``). A server that fails to start is
+    left out; one that fails while serving stops the sweep with the rows so far saved."""
+    started = [(system, shape, start(system, shape, INTERLEAVE_FLAGS)) for system, shape in servers]
+    ready, rows = [], []
+    try:
+        for system, shape, server in started:
             try:
                 server.wait_ready(900)
-                attention = verify_attention(server)
-                for batch in args.batches:
-                    result = measure(server.url, batch, args.real_pair)
-                    rows.append(dict(system=system, steps=shape[0] if shape else None,
-                                     topk=shape[1] if shape else None, draft_tokens=shape[2] if shape else None,
-                                     batch=batch, acceptance=acceptance, gpu=gpu,
-                                     sglang_version=sglang.__version__, date=str(datetime.date.today()),
-                                     card=args.card, env=" ".join(args.server_env), flags=args.server_flags,
-                                     verify_attention=attention,
-                                     candidates=COST_CANDIDATES if policy == "cost" else None,
-                                     max_new_tokens=MAX_NEW_TOKENS, **result))
-                    print(name, batch, result, flush=True)
-            except Exception as e:  # a server that failed to start or serve: the sweep goes on without it
-                print(f"{name}: {e!r}", flush=True)
-            finally:
-                server.stop()
-                if rows:
-                    save(args.out, rows)
+                ready.append((system, shape, server, verify_attention(server)))
+            except Exception as e:
+                print(f"{server.name}: {e!r}", flush=True)
+        for i, batch in enumerate(args.batches):
+            order = ready if i % 2 == 0 else ready[::-1]
+            runs: dict = {}
+            for entry in [*order, *order[::-1]]:
+                result = measure(entry[2].url, batch, True)
+                runs.setdefault(entry[2].name, []).append(result)
+                print(entry[2].name, batch, result, flush=True)
+            for system, shape, server, attention in ready:
+                first, second = runs[server.name]
+                result = {**first, "tok_per_s": (first["tok_per_s"] + second["tok_per_s"]) / 2,
+                          "accept_len": (first["accept_len"] + second["accept_len"]) / 2,
+                          "longest_gap_ms": max(first["longest_gap_ms"], second["longest_gap_ms"]),
+                          "runs": [first["tok_per_s"], second["tok_per_s"]]}
+                rows.append(row(system, shape, batch, meta, attention, result))
+            save(args.out, rows)
+    finally:
+        for *_, server in started:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
         url = "http://fake"
 
         def __init__(self, name, model, args, workdir, env=None):
+            self.name = name
             started.append(args)
 
         def wait_ready(self, timeout_s):
@@ -172,3 +173,47 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     assert {r["flags"] for r in rows} == {"--attention-backend flashinfer"}
     assert {r["verify_attention"] for r in rows} == {"sglang"}
     assert {r["system"]: r["candidates"] for r in rows} == {"nospec": None, "eagle_triton_cost": [0, 1, 3, 5, 7]}
+
+
+def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(tmp_path, monkeypatch):
+    """``--interleave`` (trained pair): all servers started at once with the shared-GPU flags; per batch each is
+    measured once in one order and once in the reverse, the first order alternating between batches; a row is the
+    mean of its two timings. Without ``--real-pair`` it is refused."""
+    measured, started, stopped = [], [], []
+
+    class FakeServer:
+        def __init__(self, name, model, args, workdir, env=None):
+            self.name, self.url = name, name
+            started.append(args)
+
+        def wait_ready(self, timeout_s):
+            pass
+
+        def get_json(self, path):
+            return {"internal_states": [{}]}
+
+        def stop(self):
+            stopped.append(self.name)
+
+    def measure(url, batch, real=False):
+        measured.append((url, batch))
+        return {"tok_per_s": float(len(measured)), "accept_len": 2.0, "rounds": 1, "longest_gap_ms": 1.0}
+
+    monkeypatch.setattr(adaptive, "Server", FakeServer)
+    monkeypatch.setattr(adaptive, "measure", measure)
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    argv = ["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "4", "--workdir", str(tmp_path),
+            "--out", str(out), "--interleave"]
+    with pytest.raises(SystemExit, match="--interleave needs --real-pair"):
+        adaptive.main(argv)
+    started.clear()
+    adaptive.main([*argv, "--real-pair"])
+    assert len(started) == 2 and all(a[-3:] == adaptive.INTERLEAVE_FLAGS for a in started)
+    assert measured == [("nospec", 1), ("eagle_triton_cost", 1), ("eagle_triton_cost", 1), ("nospec", 1),
+                        ("eagle_triton_cost", 4), ("nospec", 4), ("nospec", 4), ("eagle_triton_cost", 4)]
+    rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
+    assert rows["nospec", 1]["runs"] == [1.0, 4.0] and rows["nospec", 1]["tok_per_s"] == 2.5
+    assert rows["eagle_triton_cost", 4]["runs"] == [5.0, 8.0] and rows["eagle_triton_cost", 4]["tok_per_s"] == 6.5
+    assert sorted(stopped) == ["eagle_triton_cost", "nospec"]
