@@ -15,20 +15,23 @@ brackets and never looks at what a step costs. :class:`CostAwarePolicy` has the 
   draft) commits 1 token.
 - ``cost(s, bs)``: :class:`CycleCost` holds the device time of each state's CUDA graphs at each captured batch
   size, replayed at start-up (:func:`replay_ms`), plus the rest of a cycle (host work, kernels outside graphs,
-  attention over real prefixes) measured online as the wall-clock cycle of the state in force minus its replay
-  time, per (state, batch bucket). A state's rest counts once it rests on ``first`` (3) cycles there; until then
-  a drafting state is priced at its graphs plus the smallest counted rest of another drafting state at that bucket
-  (none counted yet: its own first samples, else nothing; steps 0, which skips the tree work, borrows none): a rest
-  of one or two cycles may be a cycle the overlap scheduler had already half run (0 ms measured) or a pause.
-  Borrowed, a rest overprices a shallower state (the rest grows with the verified tokens); unborrowed (steps 0, or
-  nothing counted) a state looks cheap, is tried when that makes it look best, then priced by what it did.
+  attention over real prefixes) measured online as the wall-clock cycle of a state minus its replay time, per
+  (state, batch bucket). Under overlap scheduling the time between two decode steps' calls is the GPU time of the
+  step before the first, so a cycle is timed only when two consecutive steps ran the same state at the same batch
+  size. A state's rest counts once it rests on ``first`` (3) cycles there; until then a drafting state is priced at
+  its graphs plus the smallest counted rest of another drafting state at that bucket (none counted: its own first
+  samples if two, else its own counted rest at the nearest smaller bucket, else its one sample, else nothing;
+  steps 0, which skips the tree work, borrows from no other state): one or two cycles may be a pause. Borrowed, a
+  rest overprices a shallower state (the rest grows with the verified tokens); priced low, a state looks cheap, is
+  tried when that makes it look best, then priced by what it did.
 
 Decisions: every ``update_interval`` verifies, and as soon as the batch has padded to another captured size than at
 the last decision for two decode steps in a row (the value of a shape depends on the batch: a chain chosen at batch
 1 costs twice as much at 64, and waiting for the next verifies would run the whole first stretch of a new batch in
 the old shape), once the state in force has had a verify counted since it was put in force (``settle`` + 1
 verifies: a batch hovering at a size boundary switches at most that often, and every switch leaves the acceptance
-model at least one verify).
+model at least one verify). A batch-size decision takes no hysteresis margin unless the state in force was chosen
+or kept at that size since it was put in force: a state chosen for another size has no claim there.
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -268,7 +271,8 @@ class CycleCost:
         near = min(known, key=lambda bs: abs(bs - bucket))
         return self.replay[steps, near] * bucket / near
 
-    def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> None:
+    def observe_cycle(self, steps: int, batch_size: int, wall_ms: float) -> bool:
+        """One timed cycle of ``steps`` at ``batch_size``; False when dropped as a pause."""
         key = (steps, self.bucket(batch_size))
         graphs = self.graphs_ms(steps, batch_size)
         rest = max(wall_ms - graphs, 0.0)
@@ -276,19 +280,21 @@ class CycleCost:
         if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
             early.append(rest)      # against 5 ms at the first step of a batch size)
             self.rest[key] = sorted(early)[(len(early) - 1) // 2]
-            return
+            return True
         old = self.rest.get(key)
-        # a prefill or a pause fell between the two steps: over 3x the expected cycle (not 3x the rest alone: a rest
-        # learnt as 0 would then drop every later sample above 1 ms and stay 0 for good)
-        if old is not None and wall_ms > 3 * (graphs + old) + 1.0:
-            return
+        # a prefill or a pause fell between the two steps: over twice the expected cycle (not a multiple of the rest
+        # alone: a rest learnt as 0 would then drop every later sample above 1 ms and stay 0 for good)
+        if old is not None and wall_ms > 2 * (graphs + old) + 1.0:
+            return False
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
+        return True
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
         """The state's rest at the batch's bucket once counted (:meth:`counted`); until then, for a drafting state,
         the smallest counted rest of another drafting state there (steps 0 borrows none: it runs no tree work), else
-        its own first samples' (their lower median), else its own counted rest at the nearest smaller bucket (the
-        rest grows with the batch: still a low price, so the state is tried), else 0."""
+        its own first two samples' lower median, else its own counted rest at the nearest smaller bucket (the rest
+        grows with the batch: still a low price, so the state is tried), else its one sample (maybe a pause), else
+        0."""
         bucket = self.bucket(batch_size)
         if self.counted(steps, bucket):
             return self.rest[steps, bucket]
@@ -296,10 +302,12 @@ class CycleCost:
                     if steps > 0 and s > 0 and s != steps and b == bucket and self.counted(s, b)]
         if borrowed:
             return min(borrowed)
-        if (steps, bucket) in self.rest:
+        if len(self._early.get((steps, bucket), ())) >= 2:
             return self.rest[steps, bucket]
         smaller = [b for s, b in self.rest if s == steps and b < bucket and self.counted(s, b)]
-        return self.rest[steps, max(smaller)] if smaller else 0.0
+        if smaller:
+            return self.rest[steps, max(smaller)]
+        return self.rest.get((steps, bucket), 0.0)
 
     def cost(self, steps: int, batch_size: int) -> float:
         return self.graphs_ms(steps, batch_size) + self.rest_ms(steps, batch_size)
@@ -337,6 +345,7 @@ class CostAwarePolicy:
         # GPU time of the step BEFORE the first (SGLang launches step j + 1 once step j - 1's results are in), so a
         # cycle is timed only when both steps ran the same state at the same batch size
         self._step_before: tuple[float, int, int] | None = None
+        self._affirmed: set[int] = set()  # captured sizes the state in force was chosen or kept at since put in force
         self._decided_at: int | None = None  # the captured size the batch padded to at the last decision
         self._last_bucket, self._held = None, 0  # the last decode step's captured size, and for how many steps
         self.switches = 0
@@ -356,10 +365,11 @@ class CostAwarePolicy:
         decides at once (once the state in force has had a verify counted, and ``update_interval`` since start)."""
         now = self._clock()
         if self.costs is not None:
+            kept = True
             if self._last_step is not None and self._step_before is not None:
                 then, steps, bs = self._last_step
                 if self._step_before[1:] == (steps, bs) and bs == batch_size:
-                    self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
+                    kept = self.costs.observe_cycle(steps, bs, (now - then) * 1e3)
             bucket = self.costs.bucket(batch_size)
             self._held = self._held + 1 if bucket == self._last_bucket else 1
             self._last_bucket = bucket
@@ -369,8 +379,11 @@ class CostAwarePolicy:
                   and self._verifies >= self.update_interval):
                 if self.trees:
                     self._refresh_trees()  # the tokens counted so far belong to the state in force
-                self._decide(batch_size, margin=0.0)  # the state in force was chosen for another size: no hysteresis
-        self._step_before, self._last_step = self._last_step, (now, self.current, batch_size)
+                # no hysteresis for a state chosen for other sizes only: it has no claim here
+                self._decide(batch_size, margin=self.margin if bucket in self._affirmed else 0.0)
+            # after a dropped pause the GPU had drained: the next interval is host time alone, not a cycle either
+            self._step_before = self._last_step if kept else None
+        self._last_step = (now, self.current, batch_size)
         return self.current
 
     def forget_last_step(self) -> None:
@@ -401,7 +414,7 @@ class CostAwarePolicy:
     def _decide(self, batch_size: int, margin: float | None = None) -> int | None:
         """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` (default ``self.margin``)
         times the current one (every rank adopting rank 0's choice); returns it when it switched, else None."""
-        self._decided_at = self.costs.bucket(batch_size)
+        self._decided_at = bucket = self.costs.bucket(batch_size)
         margin = self.margin if margin is None else margin
         best = self.best(batch_size)
         if best == self.current or self.value(best, batch_size) <= (1 + margin) * self.value(self.current, batch_size):
@@ -409,12 +422,13 @@ class CostAwarePolicy:
         if self.agree is not None:
             best = self.agree(best)
         if best == self.current:
+            self._affirmed.add(bucket)
             return None
         logger.info("EAGLE_TRITON adaptive: steps %d -> %d at batch %d (expected tokens %.2f -> %.2f, cycle "
                     "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
                     self.expected_tokens(best), self.costs.cost(self.current, batch_size),
                     self.costs.cost(best, batch_size))
-        self.current, self._since_switch, self._last_step = best, 0, None
+        self.current, self._since_switch, self._last_step, self._affirmed = best, 0, None, {bucket}
         self.switches += 1
         return best
 
