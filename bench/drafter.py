@@ -66,17 +66,17 @@ def local_rank(size: int, embed_shard: tuple, lm_head_shard: tuple) -> TensorPar
                           embed_shard=embed_shard, lm_head_shard=lm_head_shard)
 
 
-_RANKS: dict = {}  # (id of the whole draft's weights, tp) -> rank_weights' result
+_RANKS: dict = {}  # (id of the whole draft's weights, tp) -> (those weights, rank_weights' result)
 
 
 def rank_weights(w, tp: int):
     """``(weights, TensorParallel or None, KV heads)`` of rank 0 at ``tp`` ranks (the whole draft at 1)."""
     if tp == 1:
         return w, None, slice(None)
-    if (id(w), tp) not in _RANKS:
+    if (id(w), tp) not in _RANKS or _RANKS[id(w), tp][0] is not w:
         local, embed_shard, head_shard, heads = draft_shard(w, 0, tp)
-        _RANKS[id(w), tp] = local, local_rank(tp, embed_shard, head_shard), heads
-    return _RANKS[id(w), tp]
+        _RANKS[id(w), tp] = w, (local, local_rank(tp, embed_shard, head_shard), heads)
+    return _RANKS[id(w), tp][1]
 
 
 def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1, tp=1):
@@ -161,26 +161,27 @@ def chain_kernels(w, steps, topk, n, bs, tp=1) -> list[dict]:
     return [dict(kernel=e.name, us=e.device_time) for e in kernels]
 
 
-def bench_ops(w, rows_n, bandwidth, tp=1):
-    """Per-op rows for ``rows_n = bs * topk`` rows: ours vs cuBLAS, device time in a CUDA graph (rank 0's shards at
-    ``tp`` > 1: the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards` of ``tp`` copies against cuBLAS
+def op_cases(w, rows_n, tp=1, device="cuda") -> dict:
+    """``{op: (ours(weight), cuBLAS + torch(weight), weight)}`` for ``rows_n`` rows of random inputs (rank 0's shards
+    at ``tp`` > 1: the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards` of ``tp`` copies against cuBLAS
     over the shard + softmax + top-8, the part of stock's LM head before its gather)."""
     w, parallel, _ = rank_weights(w, tp)
     H = w.hidden_size
-    x2 = torch.randn(rows_n, 2 * H, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
-    x_sum = torch.randn(rows_n, H, device="cuda", dtype=torch.float32)  # the chain's fp32 residual sum
-    act = torch.randn(rows_n, w.down.shape[1], device="cuda", dtype=torch.bfloat16)
-    res = torch.randn(rows_n, H, device="cuda", dtype=torch.bfloat16)
-    out = {name: torch.empty(rows_n, n, device="cuda", dtype=torch.bfloat16)
+    x2 = torch.randn(rows_n, 2 * H, device=device, dtype=torch.bfloat16)
+    x = torch.randn(rows_n, H, device=device, dtype=torch.bfloat16)
+    xo = torch.randn(rows_n, w.o_proj.shape[1], device=device, dtype=torch.bfloat16)  # attention out (this rank's)
+    x_sum = torch.randn(rows_n, H, device=device, dtype=torch.float32)  # the chain's fp32 residual sum
+    act = torch.randn(rows_n, w.down.shape[1], device=device, dtype=torch.bfloat16)
+    res = torch.randn(rows_n, H, device=device, dtype=torch.bfloat16)
+    out = {name: torch.empty(rows_n, n, device=device, dtype=torch.bfloat16)
            for name, n in (("qkv", w.qkv.shape[0]), ("h", H), ("act", w.gate_up.shape[0] // 2))}
     def norm(v):  # SGLang's post-attention RMSNorm of the fp32 residual sum, in torch
         return F.rms_norm(v, (H,), w.post_norm.float(), 1e-5).bfloat16()
 
     cases = {  # op: (ours(weight), cuBLAS(weight), weight)
         "qkv": (lambda wt: linear(x2, wt, out["qkv"]), lambda wt: F.linear(x2, wt), w.qkv),
-        "o_proj + residual": (lambda wt: linear(x, wt, out["h"], residual=res, out_sum=x_sum),
-                              lambda wt: F.linear(x, wt) + res, w.o_proj),
+        "o_proj + residual": (lambda wt: linear(xo, wt, out["h"], residual=res, out_sum=x_sum),
+                              lambda wt: F.linear(xo, wt) + res, w.o_proj),
         "gate_up + silu_mul": (lambda wt: linear(x_sum, wt, out["act"], norm_weight=w.post_norm, eps=1e-5,
                                                  silu_mul=True),
                                lambda wt: F.silu((g := F.linear(norm(x_sum), wt)).chunk(2, -1)[0]) * g.chunk(2, -1)[1],
@@ -201,6 +202,12 @@ def bench_ops(w, rows_n, bandwidth, tp=1):
                                 token_map=w.token_map)
 
         cases["lm_head + softmax + top-8"] = (shard_head, cases["lm_head + softmax + top-8"][1], w.lm_head)
+    return cases
+
+
+def bench_ops(w, rows_n, bandwidth, tp=1):
+    """Per-op rows for ``rows_n = bs * topk`` rows (:func:`op_cases`): ours vs cuBLAS, device time in a CUDA graph."""
+    cases = op_cases(w, rows_n, tp)
     ours_impl = "triton (ours)" if rows_n < CUBLAS_MIN_ROWS else "ours (cuBLAS GEMM + Triton norm / epilogue / top-k)"
     rows = []
     for op, (ours, cublas, weight) in cases.items():
@@ -256,6 +263,8 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None, tp=1) -> str:
 
 def main():
     out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats",), {"--tp": 1})
+    if args.kv_formats and args.tp > 1:
+        raise SystemExit("bench.drafter: --kv-formats runs the whole draft on one GPU; leave out --tp")
     w, _ = random_draft(True, "cuda", **DIMS)
     if args.kv_formats:
         rows = bench_kv_formats(w, bandwidth)
@@ -271,13 +280,15 @@ def main():
         for bs in BATCHES:
             draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth, tp=tp))
             print(draft_rows[-1], flush=True)
+    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter" + (f"-tp{tp}" if tp > 1 else "")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows, tp=tp),
+                                                      indent=1))  # kept if a later part fails
     chain = {f"{','.join(map(str, cfg))}, batch {bs}": chain_kernels(w, *cfg, bs, tp)
              for cfg in (CONFIGS[:2] if tp > 1 else CONFIGS[:1]) for bs in (1, 32)}
     op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth, tp)]
     for r in op_rows:
         r["gpu"] = gpu
-    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter" + (f"-tp{tp}" if tp > 1 else "")
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows,
                                                            ops=op_rows, chain=chain, tp=tp), indent=1))
     (out_dir / f"{stamp}.md").write_text(markdown(draft_rows, op_rows, gpu, bandwidth, chain, tp))

@@ -79,3 +79,14 @@ def test_one_rank_of_the_drafter_runs_with_local_stand_ins_for_the_collectives(d
     parents, selected, tokens, scores = d.draft(b["topk_p"], b["topk_index"], b["hidden"], b["positions"],
                                                 b["seq_lens"], b["req_pool_indices"])
     assert tokens.shape == (2, 3) and bool((tokens >= 0).all())
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_per_op_case_runs_on_the_ranks_shapes(device, tp):
+    """``bench.drafter``'s per-op cases (ours and cuBLAS + torch) on a small draft, whole and as rank 0 of 2 (its
+    o_proj takes the rank's attention columns; its LM head is a shard top-k + merge)."""
+    from sgl_eagle_triton.testing import random_draft
+
+    w, _ = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
+    for ours, reference, weight in drafter.op_cases(w, 3, tp, device).values():
+        ours(weight), reference(weight)
