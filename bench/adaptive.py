@@ -364,18 +364,25 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
 
 
 def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
-    """``--interleave``: every server at once; per batch each measured twice, in alternating order; a row keeps the
-    mean ``tok_per_s`` and ``accept_len`` of the two and both timings (``runs``). A server that fails to start is
-    left out; one that fails while serving stops the sweep with the rows so far saved."""
-    started = [(system, shape, start(system, shape, INTERLEAVE_FLAGS)) for system, shape in servers]
-    ready, rows = [], []
+    """``--interleave``: every server up at once; per batch each measured twice, in alternating order; a row keeps
+    the mean ``tok_per_s`` and ``accept_len`` of the two and both timings (``runs``). The cost policies' servers start
+    first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and capturing on
+    the same GPU would disturb), the others together once those are ready. A server that fails to start is left
+    out; one that fails while serving stops the sweep with the rows so far saved."""
+    cost_first = sorted(servers, key=lambda s: not str(SYSTEMS[s[0]][1]).startswith("cost"))
+    started, ready, rows = [], [], []
     try:
-        for system, shape, server in started:
-            try:
-                server.wait_ready(900)
-                ready.append((system, shape, server, verify_attention(server)))
-            except Exception as e:
-                print(f"{server.name}: {e!r}", flush=True)
+        for phase in (True, False):
+            group = [(system, shape, start(system, shape, INTERLEAVE_FLAGS)) for system, shape in cost_first
+                     if str(SYSTEMS[system][1]).startswith("cost") == phase]
+            started += group
+            for system, shape, server in group:
+                try:
+                    server.wait_ready(900)
+                    ready.append((system, shape, server, verify_attention(server)))
+                except Exception as e:
+                    print(f"{server.name}: {e!r}", flush=True)
+        ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
             order = ready if i % 2 == 0 else ready[::-1]
             runs: dict = {}

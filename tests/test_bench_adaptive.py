@@ -176,18 +176,19 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
 
 
 def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(tmp_path, monkeypatch):
-    """``--interleave`` (trained pair): all servers started at once with the shared-GPU flags; per batch each is
+    """``--interleave`` (trained pair): all servers up at once with the shared-GPU flags; per batch each is
     measured once in one order and once in the reverse, the first order alternating between batches; a row is the
     mean of its two timings. Without ``--real-pair`` it is refused."""
-    measured, started, stopped = [], [], []
+    measured, started, stopped, events = [], [], [], []
 
     class FakeServer:
         def __init__(self, name, model, args, workdir, env=None):
             self.name, self.url = name, name
             started.append(args)
+            events.append(("start", name))
 
         def wait_ready(self, timeout_s):
-            pass
+            events.append(("ready", self.name))
 
         def get_json(self, path):
             return {"internal_states": [{}]}
@@ -211,6 +212,9 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     started.clear()
     adaptive.main([*argv, "--real-pair"])
     assert len(started) == 2 and all(a[-3:] == adaptive.INTERLEAVE_FLAGS for a in started)
+    # the cost policy's server times its graphs at start-up: it starts alone, the others once it is ready
+    assert events == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
+                      ("ready", "nospec")]
     assert measured == [("nospec", 1), ("eagle_triton_cost", 1), ("eagle_triton_cost", 1), ("nospec", 1),
                         ("eagle_triton_cost", 4), ("nospec", 4), ("nospec", 4), ("eagle_triton_cost", 4)]
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
