@@ -82,11 +82,12 @@ class DraftWeights:
 class TensorParallel:
     """The drafter's rank of SGLang's tensor-parallel group (the target's; SGLang has no separate draft TP size).
 
-    ``all_reduce(t)``: the sum of ``t`` over the ranks, in place, returning ``t``; ``all_gather(t)``: every rank's
-    ``t`` stacked in rank order, ``[size, *t.shape]``; ``embed_shard`` / ``lm_head_shard``: ``(offset, valid)`` of
-    this rank's rows of the embedding / LM head (:func:`vocab_shard`). The rank's :class:`DraftWeights` hold its
-    shards as SGLang loads them: QKV and gate/up column-parallel (its heads, its intermediate columns), o-proj and
-    down row-parallel, embedding and LM head vocabulary-parallel, norms (and EAGLE's ``fc``) whole."""
+    ``all_reduce(t)``: the sum of ``t`` over the ranks (a new tensor, or ``t`` summed in place);
+    ``all_gather(t)``: every rank's ``t`` stacked in rank order, ``[size, *t.shape]``; ``embed_shard`` /
+    ``lm_head_shard``: ``(offset, valid)`` of this rank's rows of the embedding / LM head (:func:`vocab_shard`). The
+    rank's :class:`DraftWeights` hold its shards as SGLang loads them: QKV and gate/up column-parallel (its heads,
+    its intermediate columns), o-proj and down row-parallel, embedding and LM head vocabulary-parallel, norms (and
+    EAGLE's ``fc``) whole."""
 
     size: int
     rank: int
@@ -352,7 +353,7 @@ class FusedDrafter:
         if self.tp is None:
             return linear(x, weight, out, bias=bias, residual=residual, out_sum=out_sum)
         linear(x, weight, out, bias=bias if self.tp.rank == 0 else None)
-        torch.add(self.tp.all_reduce(out).float(), residual.float(), out=out_sum)
+        torch.add(self.tp.all_reduce(out).float(), residual, out=out_sum)  # fp32 sum: the residual widened exactly
         return out.copy_(out_sum)
 
     def _lm_head(self, head_in, out_p, out_index):

@@ -235,7 +235,7 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
     model = draft_runner.model
     return TensorParallel(
         size=group.world_size, rank=group.rank_in_group,
-        all_reduce=lambda t: t.copy_(group.all_reduce(t)),
+        all_reduce=group.all_reduce,  # SGLang's: out of place for its custom all-reduce (no copy back)
         all_gather=lambda t: group.all_gather(t.unsqueeze(0).contiguous(), dim=0),
         embed_shard=vocab_shard(model.model.embed_tokens), lm_head_shard=vocab_shard(model.lm_head))
 
