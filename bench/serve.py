@@ -25,8 +25,10 @@ Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed ba
 again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
 ``<workdir>/traces/<server>-b<batch>/`` and :mod:`bench.trace_breakdown` turns it into per-cycle costs of
 SGLang's stages (``draft``, ``draft_extend``, ``verify_forward``, ``decode``: GPU busy time of their kernels,
-GPU span, CPU time). ``draft_ms`` is the draft stage's GPU busy time per cycle; the profiler slows the host,
-so ``cycle_ms`` always comes from the unprofiled run.
+GPU span, CPU time; ``compute_busy_ms`` without collectives). ``draft_ms`` is the draft stage's GPU busy time per
+cycle; the profiler slows the host, so ``cycle_ms`` always comes from the unprofiled run. Under ``--tp`` every
+rank writes a trace: ``stages`` is rank 0's, ``stages_by_rank`` every rank's (a rank's collectives spin while it
+waits for the others, so busy times differ by rank; compare ``compute_busy_ms``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import datetime
 import json
 import random
+import re
 import shlex
 import statistics
 import time
@@ -176,9 +179,16 @@ def measure(url: str, batch: int, seed: int = 0) -> dict:
             "chunks_per_cycle": chunks_per_cycle(results), "accept_length": statistics.mean(accept)}
 
 
-def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
+def trace_rank(path: Path) -> int:
+    """The tensor-parallel rank of SGLang's trace file (``...-TP-<rank>.trace.json.gz``; 0 without one)."""
+    m = re.search(r"-TP-(\d+)", path.name)
+    return int(m[1]) if m else 0
+
+
+def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int = 1) -> list[dict]:
     """Per-cycle stage costs (:func:`bench.trace_breakdown.stage_times`) over ``steps`` profiled forward passes
-    while ``batch`` fresh requests decode."""
+    while ``batch`` fresh requests decode, one per tensor-parallel rank in rank order (each rank writes its own
+    trace; under TP a rank's collectives also count the time it waits for the others: compare ``compute_busy_ms``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = random_prompts(batch, seed=1)
     with ThreadPoolExecutor(batch) as pool:
@@ -189,12 +199,12 @@ def profile_stages(url: str, batch: int, out_dir: Path, steps: int) -> dict:
         for r in running:
             r.result()
     deadline = time.time() + 180
-    while not (traces := sorted(out_dir.glob("*.json*"))) and time.time() < deadline:
+    while len(traces := sorted(out_dir.glob("*.json*"), key=trace_rank)) < ranks and time.time() < deadline:
         time.sleep(2)
     if not traces:
         raise RuntimeError(f"no profiler trace appeared in {out_dir}")
-    time.sleep(5)  # let the writer finish the file
-    return stage_times(load_trace(traces[-1]))
+    time.sleep(5)  # let the writers finish their files
+    return [stage_times(load_trace(trace)) for trace in traces]
 
 
 def draft_ms(stages: dict) -> float | None:
@@ -371,18 +381,19 @@ def main(argv=None):
                 attention = verify_attention(server)
                 for batch in args.batches:
                     result = measure(server.url, batch)
-                    stages = {}
+                    stages, by_rank = {}, []
                     if args.profile_steps:
                         try:
-                            stages = profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
-                                                    args.profile_steps)
+                            by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
+                                                     args.profile_steps, args.tp)
+                            stages = by_rank[0]  # rank 0's
                         except Exception as e:  # the cycle time stands without its breakdown
                             print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
                     rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
                                      batch=batch, flags=args.flags, tp=args.tp, model=args.model,
                                      verify_attention=attention,
                                      draft_ms=draft_ms(stages),
-                                     stages=stages,
+                                     stages=stages, stages_by_rank=by_rank if args.tp > 1 else None,
                                      gpu=gpu,
                                      sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
                     print(name, batch, result, json.dumps(stages), flush=True)

@@ -13,7 +13,10 @@ reports, averaged over the stage's occurrences (one per cycle):
   while its predecessor drains, and summed durations would count that overlap twice;
 - ``gpu_span_ms``: the stage's GPU-side range (``gpu_user_annotation``: first kernel start to last kernel end,
   idle gaps included) where the trace has one;
-- ``cpu_ms``: the CPU range itself (host time, launches included).
+- ``cpu_ms``: the CPU range itself (host time, launches included);
+- ``compute_busy_ms``: ``gpu_busy_ms`` without collectives (``COLLECTIVES``: all-reduce / all-gather kernels,
+  which under tensor parallelism also spin while they wait for the other ranks): a rank's own work. A kernel
+  launched early under PDL still counts while it waits for its predecessor.
 
 and ``cycle``: from one start of the ``draft`` range (``decode`` without speculation) to the next, the
 host's period (``cpu_ms``, slower than unprofiled) and the GPU busy time of every kernel launched in it
@@ -37,6 +40,8 @@ STAGES = {  # stage -> profiler range name (``step[...]`` ranges match on their 
 }
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
 CYCLE_ANCHORS = ("draft", "decode")  # a cycle runs from one start of this stage's range to the next
+# collective kernels by a part of their names (SGLang's custom all-reduce, NCCL)
+COLLECTIVES = ("all_reduce", "allreduce", "all_gather", "allgather", "nccl", "cross_device")
 
 
 def load_trace(path: Path) -> dict:
@@ -72,6 +77,10 @@ def _index(trace: dict, stages: dict) -> tuple[list, dict, list]:
     return events, ranges, kernels
 
 
+def is_collective(name: str) -> bool:
+    return any(c in name.lower() for c in COLLECTIVES)
+
+
 def _within(ranges: list[tuple[float, float]], ts: float) -> bool:
     """Whether ``ts`` falls in one of the sorted ``ranges``."""
     i = bisect.bisect_right(ranges, (ts, float("inf"))) - 1
@@ -79,10 +88,11 @@ def _within(ranges: list[tuple[float, float]], ts: float) -> bool:
 
 
 def stage_times(trace: dict, stages=STAGES) -> dict:
-    """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "gpu_span_ms"}}`` per occurrence (times in ms)."""
+    """``{stage: {"count", "cpu_ms", "gpu_busy_ms", "compute_busy_ms", "gpu_span_ms"}}`` per occurrence (ms)."""
     events, ranges, kernels = _index(trace, stages)
     anchor = next((ranges[s] for s in CYCLE_ANCHORS if len(ranges.get(s, ())) > 1), None)
     busy = {s: [] for s in stages}
+    compute = {s: [] for s in stages}
     cycle_busy = []
     for ts, e in kernels:
         interval = (e["ts"], e["ts"] + e["dur"])
@@ -91,6 +101,8 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
         for s in stages:
             if _within(ranges[s], ts):
                 busy[s].append(interval)
+                if not is_collective(e["name"]):
+                    compute[s].append(interval)
     out = {}
     for s in stages:
         n = len(ranges[s])
@@ -101,6 +113,7 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
             "count": n,
             "cpu_ms": sum(b - a for a, b in ranges[s]) / n / 1e3,
             "gpu_busy_ms": busy_us(busy[s]) / n / 1e3,
+            "compute_busy_ms": busy_us(compute[s]) / n / 1e3,
             "gpu_span_ms": sum(spans) / len(spans) / 1e3 if spans else None,
         }
     if anchor:

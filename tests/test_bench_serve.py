@@ -180,3 +180,11 @@ def test_rows_say_which_verify_attention_ran():
     assert serve.verify_attention(Stub(kernels(VERIFY_ATTENTION_IN_USE))) == "ours"
     assert serve.verify_attention(Stub(kernels("SGLang's TritonAttnBackend (turned off)"))) == "sglang"
     assert serve.verify_attention(Stub({"avg_spec_accept_length": 1.75})) == "sglang"  # stock or no-spec
+
+
+def test_profiler_traces_are_read_in_rank_order():
+    """Under --tp each rank writes ``<time>-TP-<rank>.trace.json.gz``: ranks sort numerically (rank 0 is the row's
+    ``stages``), a trace without a rank is rank 0's."""
+    names = ["17.5-TP-10.trace.json.gz", "17.1-TP-2.trace.json.gz", "17.9-TP-0.trace.json.gz"]
+    assert [serve.trace_rank(Path(n)) for n in sorted(names, key=lambda n: serve.trace_rank(Path(n)))] == [0, 2, 10]
+    assert serve.trace_rank(Path("1795793948.6.trace.json.gz")) == 0

@@ -33,7 +33,8 @@ def test_stage_times_per_cycle(tmp_path):
     with gzip.open(path, "wt") as f:
         json.dump(trace, f)
     stages = breakdown.stage_times(breakdown.load_trace(path))
-    assert stages["draft"] == {"count": 2, "cpu_ms": 0.1, "gpu_busy_ms": 0.05, "gpu_span_ms": 0.06}
+    assert stages["draft"] == {"count": 2, "cpu_ms": 0.1, "gpu_busy_ms": 0.05, "compute_busy_ms": 0.05,
+                               "gpu_span_ms": 0.06}
     verify = stages["verify_forward"]
     assert verify["gpu_busy_ms"] == pytest.approx(0.04) and verify["gpu_span_ms"] is None and "decode" not in stages
     assert stages["draft_extend"]["gpu_busy_ms"] == 0
@@ -58,3 +59,15 @@ def test_kernel_table_lists_a_stages_kernels_by_gpu_time():
     assert breakdown.kernel_table(trace, "verify_forward") == [("verify_kernel", 1.0, 40.0)]
     assert breakdown.kernel_table(trace, "decode") == [] and breakdown.kernel_table(trace, "draft", top=1) == [
         ("draft_kernel_a", 1.0, 30.0)]
+
+
+def test_compute_busy_time_leaves_collectives_out():
+    """Under tensor parallelism a rank's all-reduce spins until the other ranks arrive: ``compute_busy_ms`` is the
+    stage's busy time without SGLang's custom all-reduce and NCCL kernels."""
+    events = [event("user_annotation", "draft", 0, 500), event("cuda_runtime", "cudaGraphLaunch", 1, 1, correlation=7),
+              event("kernel", "_linear_kernel", 10, 30, correlation=7),
+              event("kernel", "void (anonymous namespace)::all_reduce_kernel<float>", 40, 300, correlation=7),
+              event("kernel", "ncclDevKernel_AllGather_RING_LL(x)", 340, 50, correlation=7),
+              event("kernel", "_merge_kernel", 390, 10, correlation=7)]
+    draft = breakdown.stage_times({"traceEvents": events})["draft"]
+    assert draft["gpu_busy_ms"] == pytest.approx(0.39) and draft["compute_busy_ms"] == pytest.approx(0.04)
