@@ -47,6 +47,9 @@ RETIRED_VERIFY_ATTENTION_ENVS = ("SGLANG_EAGLE_TRITON_EXPERIMENTAL_VERIFY_ATTENT
 # Diagnostics: every process that loads the plugin prints all its threads' Python stacks to stderr every this many
 # seconds (faulthandler), so that a hung server's log shows where each rank waits
 STACK_DUMP_ENV = "SGLANG_EAGLE_TRITON_STACK_DUMP_S"
+# Diagnostics: every rank logs its decode cycle's host period, launch time and GPU step / idle time every this many
+# decode steps, without a profiler (sgl_eagle_triton.cycle_timing)
+CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -386,6 +389,9 @@ def _validate(sa) -> None:
         _refuse(f"simulated acceptance here: {reason}", "Set both SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> "
                 "and SGLANG_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
     _check_verify_attention(sa)
+    if cycle_timing_every() is None:
+        _refuse(f"{CYCLE_TIMING_ENV}={os.environ[CYCLE_TIMING_ENV]!r}", "Give a whole number of decode steps > 0, "
+                "or unset it.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -393,6 +399,14 @@ def _validate(sa) -> None:
     if sa.kv_cache_dtype not in KV_CACHE_DTYPES:
         _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} yet (the draft attention reads 16-bit and FP8 pools)",
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
+
+
+def cycle_timing_every() -> int | None:
+    """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
+    value = os.environ.get(CYCLE_TIMING_ENV, "")
+    if not value:
+        return 0
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def verify_attention_mode() -> str:

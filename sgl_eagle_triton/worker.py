@@ -55,6 +55,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
+from sgl_eagle_triton.cycle_timing import CycleTiming
 from sgl_eagle_triton.drafter import (
     FusedDrafter,
     TensorParallel,
@@ -467,6 +468,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         self.resumes = 0  # adaptive: decode steps run at 0 with the full draft extend before drafting again
+        every = config.cycle_timing_every()  # diagnostics (sgl_eagle_triton.cycle_timing); validated at start
+        self._cycle_timing = CycleTiming(every, rank=getattr(self.ps, "tp_rank", 0)) if every else None
         if self.adaptive_controller is not None and not self._cycle_knob:
             self._states_to_warm = tuple(self.adaptive_controller.candidate_steps)
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
@@ -579,10 +582,19 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """SGLang's. A prefill (or a gap before one: a new request) falls between two decode steps and belongs to
-        neither's cycle: the cost policy does not time the decode step after it."""
-        if self.cost_policy is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
+        neither's cycle: the cost policy does not time the decode step after it (nor does the cycle timing,
+        :data:`config.CYCLE_TIMING_ENV`, pair it with the one before)."""
+        prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        if self.cost_policy is not None and prefill:
             self.cost_policy.forget_last_step()
-        return super().forward_batch_generation(batch, *args, **kwargs)
+        timing = getattr(self, "_cycle_timing", None)
+        if timing is None or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        if prefill:
+            timing.break_chain()
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        parent = super().forward_batch_generation
+        return timing.step(lambda: parent(batch, *args, **kwargs))
 
     def verify(self, batch, *args, **kwargs):
         expected = None

@@ -546,3 +546,12 @@ def test_every_attention_backend_sglang_builds_passes_the_verify_attention_hook(
     assert callable(getattr(module, name))
     assert reaches(module.build_attention_backends, module, name)
     assert reaches(module.get_attention_backend, module, name)
+
+
+def test_a_bad_cycle_timing_value_is_refused_at_start(monkeypatch):
+    """SGLANG_EAGLE_TRITON_CYCLE_TIMING (diagnostics): a whole number of decode steps, else refused naming it."""
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "often")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_CYCLE_TIMING='often'.*whole number"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "40")
+    _args()

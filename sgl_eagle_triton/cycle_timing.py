@@ -1,0 +1,84 @@
+"""Per-rank decode-cycle timing without a profiler (``SGLANG_EAGLE_TRITON_CYCLE_TIMING=N``: a log line every N
+decode steps on every rank).
+
+Under tensor parallelism a rank's collectives spin while it waits for the other ranks, so a profiler's GPU busy
+times mix work and waiting, and the profiler itself slows the host loop several-fold. This records, for every
+decode step of ``forward_batch_generation`` (the call that launches the step's work), host timestamps at its entry
+and exit and CUDA events before and after it on the stream it launches on, and reads the events only once they
+have completed (no synchronisation). Per step it reports:
+
+- ``host period``: from one decode step's call to the next (the scheduler loop's period);
+- ``host in forward``: the time inside ``forward_batch_generation`` (launching the step);
+- ``gpu step``: the stream's time from the step's first launch to its last (collectives' waits included);
+- ``gpu idle``: the stream's time from one step's end to the next step's start: the GPU waiting for the host.
+
+The rank whose host is late shows the largest ``gpu idle``; the others wait inside their collectives instead
+(their ``gpu step`` grows). A prefill between two decode steps breaks the pair (not counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+logger = logging.getLogger(__name__)
+
+
+class CycleTiming:
+    """``step(launch)``: runs ``launch()`` (SGLang's ``forward_batch_generation``) timed as above and returns its
+    result; ``break_chain()``: the next decode step does not pair with the last (a prefill came between).
+    ``event`` makes a recorded event (``torch.cuda.Event(enable_timing=True)`` recorded on the current stream:
+    ``.query()``, ``.elapsed_time(other)`` in ms), ``clock`` returns seconds; ``every`` steps give one summary."""
+
+    def __init__(self, every: int, rank: int = 0, event=None, clock=time.perf_counter, log=logger.info):
+        self.every, self.rank, self.clock, self.log = every, rank, clock, log
+        self.event = event or _cuda_event
+        self.pending: deque = deque()  # (host enter, host exit, start event, end event, paired with the one before)
+        self.last: tuple | None = None  # the last completed step
+        self.sums = dict(host_period=0.0, host_in_forward=0.0, gpu_step=0.0, gpu_idle=0.0)
+        self.counts = dict(paired=0, steps=0)
+        self._paired = False
+
+    def break_chain(self) -> None:
+        self._paired = False
+
+    def step(self, launch):
+        enter, start = self.clock(), self.event()
+        try:
+            return launch()
+        finally:
+            self.pending.append((enter, self.clock(), start, self.event(), self._paired))
+            self._paired = True
+            self._collect()
+
+    def _collect(self) -> None:
+        while self.pending and self.pending[0][3].query():
+            enter, leave, start, end, paired = self.pending.popleft()
+            self.counts["steps"] += 1
+            self.sums["host_in_forward"] += (leave - enter) * 1e3
+            self.sums["gpu_step"] += start.elapsed_time(end)
+            if paired and self.last is not None:
+                self.counts["paired"] += 1
+                self.sums["host_period"] += (enter - self.last[0]) * 1e3
+                self.sums["gpu_idle"] += self.last[3].elapsed_time(start)
+            self.last = (enter, leave, start, end)
+            if self.counts["steps"] >= self.every:
+                self.log(self.summary())
+                self.sums = dict.fromkeys(self.sums, 0.0)
+                self.counts = dict(paired=0, steps=0)
+
+    def summary(self) -> str:
+        steps, paired = max(self.counts["steps"], 1), max(self.counts["paired"], 1)
+        return (f"EAGLE_TRITON cycle timing, rank {self.rank}, {self.counts['steps']} decode steps: host period "
+                f"{self.sums['host_period'] / paired:.2f} ms ({self.sums['host_in_forward'] / steps:.2f} in "
+                f"forward_batch_generation), gpu step {self.sums['gpu_step'] / steps:.2f} ms + idle "
+                f"{self.sums['gpu_idle'] / paired:.2f} ms")
+
+
+def _cuda_event():
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
