@@ -39,6 +39,7 @@ import json
 import random
 import re
 import shlex
+import shutil
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -188,7 +189,10 @@ def trace_rank(path: Path) -> int:
 def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int = 1) -> list[dict]:
     """Per-cycle stage costs (:func:`bench.trace_breakdown.stage_times`) over ``steps`` profiled forward passes
     while ``batch`` fresh requests decode, one per tensor-parallel rank in rank order (each rank writes its own
-    trace; under TP a rank's collectives also count the time it waits for the others: compare ``compute_busy_ms``)."""
+    trace; under TP a rank's collectives also count the time it waits for the others: compare ``compute_busy_ms``).
+    ``out_dir`` is emptied first (a folder of an earlier run would mix its traces in); a rank whose trace does not
+    appear within 180 s fails the breakdown."""
+    shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = random_prompts(batch, seed=1)
     with ThreadPoolExecutor(batch) as pool:
@@ -201,8 +205,9 @@ def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int =
     deadline = time.time() + 180
     while len(traces := sorted(out_dir.glob("*.json*"), key=trace_rank)) < ranks and time.time() < deadline:
         time.sleep(2)
-    if not traces:
-        raise RuntimeError(f"no profiler trace appeared in {out_dir}")
+    if [trace_rank(t) for t in traces] != list(range(ranks)):
+        raise RuntimeError(f"profiler traces of ranks {[trace_rank(t) for t in traces]} in {out_dir}, expected "
+                           f"0..{ranks - 1}")
     time.sleep(5)  # let the writers finish their files
     return [stage_times(load_trace(trace)) for trace in traces]
 

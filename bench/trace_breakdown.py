@@ -93,11 +93,13 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
     anchor = next((ranges[s] for s in CYCLE_ANCHORS if len(ranges.get(s, ())) > 1), None)
     busy = {s: [] for s in stages}
     compute = {s: [] for s in stages}
-    cycle_busy = []
+    cycle_busy, cycle_compute = [], []
     for ts, e in kernels:
         interval = (e["ts"], e["ts"] + e["dur"])
         if anchor and anchor[0][0] <= ts < anchor[-1][0]:
             cycle_busy.append(interval)
+            if not is_collective(e["name"]):
+                cycle_compute.append(interval)
         for s in stages:
             if _within(ranges[s], ts):
                 busy[s].append(interval)
@@ -119,7 +121,8 @@ def stage_times(trace: dict, stages=STAGES) -> dict:
     if anchor:
         cycles = len(anchor) - 1
         out["cycle"] = {"count": cycles, "cpu_ms": (anchor[-1][0] - anchor[0][0]) / cycles / 1e3,
-                        "gpu_busy_ms": busy_us(cycle_busy) / cycles / 1e3, "gpu_span_ms": None}
+                        "gpu_busy_ms": busy_us(cycle_busy) / cycles / 1e3,
+                        "compute_busy_ms": busy_us(cycle_compute) / cycles / 1e3, "gpu_span_ms": None}
     return out
 
 

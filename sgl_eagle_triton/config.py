@@ -406,7 +406,7 @@ def cycle_timing_every() -> int | None:
     value = os.environ.get(CYCLE_TIMING_ENV, "")
     if not value:
         return 0
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if value.isdecimal() and value.isascii() and int(value) > 0 else None
 
 
 def verify_attention_mode() -> str:

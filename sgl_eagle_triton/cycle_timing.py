@@ -9,11 +9,16 @@ have completed (no synchronisation). Per step it reports:
 
 - ``host period``: from one decode step's call to the next (the scheduler loop's period);
 - ``host in forward``: the time inside ``forward_batch_generation`` (launching the step);
-- ``gpu step``: the stream's time from the step's first launch to its last (collectives' waits included);
-- ``gpu idle``: the stream's time from one step's end to the next step's start: the GPU waiting for the host.
+- ``gpu step``: the stream's span from the step's start to its end (under overlap scheduling SGLang's forward
+  stream; the draft, verify and draft-extend work joins it before the end): a span, not busy time, so gaps where
+  the GPU waits for the host between the step's stages, and collectives waiting for other ranks, count in it;
+- ``gpu idle``: the stream's time from one step's end to the next step's start: the GPU waiting for the host to
+  launch the next step, plus SGLang's small kernels between steps (its payload relay and input resolution; without
+  overlap scheduling all the scheduler's kernels).
 
-The rank whose host is late shows the largest ``gpu idle``; the others wait inside their collectives instead
-(their ``gpu step`` grows). A prefill between two decode steps breaks the pair (not counted).
+A rank whose host is late before a step shows the largest ``gpu idle`` while the others wait inside their
+collectives (their ``gpu step`` grows); lateness inside a step shows as a larger ``gpu step`` on every rank. A
+prefill between two decode steps breaks the pair (not counted).
 """
 
 from __future__ import annotations
@@ -69,11 +74,15 @@ class CycleTiming:
                 self.counts = dict(paired=0, steps=0)
 
     def summary(self) -> str:
-        steps, paired = max(self.counts["steps"], 1), max(self.counts["paired"], 1)
-        return (f"EAGLE_TRITON cycle timing, rank {self.rank}, {self.counts['steps']} decode steps: host period "
-                f"{self.sums['host_period'] / paired:.2f} ms ({self.sums['host_in_forward'] / steps:.2f} in "
+        steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
+
+        def per_pair(key):
+            return f"{self.sums[key] / paired:.2f} ms" if paired else "n/a"
+
+        return (f"EAGLE_TRITON cycle timing, rank {self.rank}, {self.counts['steps']} decode steps ({paired} after "
+                f"another): host period {per_pair('host_period')} ({self.sums['host_in_forward'] / steps:.2f} ms in "
                 f"forward_batch_generation), gpu step {self.sums['gpu_step'] / steps:.2f} ms + idle "
-                f"{self.sums['gpu_idle'] / paired:.2f} ms")
+                f"{per_pair('gpu_idle')}")
 
 
 def _cuda_event():

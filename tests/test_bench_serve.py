@@ -182,9 +182,33 @@ def test_rows_say_which_verify_attention_ran():
     assert serve.verify_attention(Stub({"avg_spec_accept_length": 1.75})) == "sglang"  # stock or no-spec
 
 
-def test_profiler_traces_are_read_in_rank_order():
-    """Under --tp each rank writes ``<time>-TP-<rank>.trace.json.gz``: ranks sort numerically (rank 0 is the row's
-    ``stages``), a trace without a rank is rank 0's."""
-    names = ["17.5-TP-10.trace.json.gz", "17.1-TP-2.trace.json.gz", "17.9-TP-0.trace.json.gz"]
-    assert [serve.trace_rank(Path(n)) for n in sorted(names, key=lambda n: serve.trace_rank(Path(n)))] == [0, 2, 10]
+def test_profiler_traces_are_read_in_rank_order_from_a_fresh_folder(tmp_path, monkeypatch):
+    """Under --tp each rank writes ``<time>-TP-<rank>.trace.json.gz``: one breakdown per rank in rank order (10 after
+    2; rank 0 is the row's ``stages``); a folder left by an earlier run is emptied first (its traces would mix in);
+    a rank missing fails the breakdown."""
+    written = {}
+
+    class FakeClient:
+        def __init__(self, url):
+            pass
+
+        def post(self, path, body, timeout=None):
+            for rank in written["ranks"]:
+                (Path(body["output_dir"]) / f"17.{rank}-TP-{rank}.trace.json.gz").write_text("")
+
+    monkeypatch.setattr(serve, "Client", FakeClient)
+    monkeypatch.setattr(serve, "timed_request", lambda url, prompt: None)
+    monkeypatch.setattr(serve.time, "sleep", lambda s: None)
+    monkeypatch.setattr(serve, "load_trace", lambda path: path.name)
+    monkeypatch.setattr(serve, "stage_times", lambda trace: trace)
+    out = tmp_path / "traces"
+    out.mkdir()
+    (out / "16.0-TP-0.trace.json.gz").write_text("")  # an earlier run's
+    written["ranks"] = [10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9]
+    assert serve.profile_stages("url", 1, out, 5, ranks=11)[:3] == [
+        "17.0-TP-0.trace.json.gz", "17.1-TP-1.trace.json.gz", "17.2-TP-2.trace.json.gz"]
     assert serve.trace_rank(Path("1795793948.6.trace.json.gz")) == 0
+    written["ranks"] = [0, 2]
+    monkeypatch.setattr(serve.time, "time", iter(range(0, 10**6, 100)).__next__)  # the 180 s wait runs out
+    with pytest.raises(RuntimeError, match=r"ranks \[0, 2\].*expected 0..2"):
+        serve.profile_stages("url", 1, out, 5, ranks=3)

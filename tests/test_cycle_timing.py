@@ -50,15 +50,17 @@ def test_host_period_launch_time_gpu_step_and_idle_per_decode_step():
     timing.break_chain()
     gpu.now = max(gpu.now, host[0])
     timing.step(launch)
-    assert logged == ["EAGLE_TRITON cycle timing, rank 2, 3 decode steps: host period 10.00 ms (2.00 in "
-                      "forward_batch_generation), gpu step 6.00 ms + idle 4.00 ms"]
+    assert logged == ["EAGLE_TRITON cycle timing, rank 2, 3 decode steps (2 after another): host period 10.00 ms "
+                      "(2.00 ms in forward_batch_generation), gpu step 6.00 ms + idle 4.00 ms"]
     assert timing.counts == {"paired": 0, "steps": 1}  # the step after the prefill starts a new chain
+    assert timing.summary().endswith("host period n/a (2.00 ms in forward_batch_generation), gpu step 6.00 ms + "
+                                     "idle n/a")
 
 
 def test_the_env_is_a_number_of_steps_and_a_bad_value_refused(monkeypatch):
     monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
     assert config.cycle_timing_every() == 0
-    for value, every in (("40", 40), ("0", None), ("x", None), ("-3", None)):
+    for value, every in (("40", 40), ("0", None), ("x", None), ("-3", None), ("\u00b2", None)):
         monkeypatch.setenv(config.CYCLE_TIMING_ENV, value)
         assert config.cycle_timing_every() == every
 

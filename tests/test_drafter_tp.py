@@ -27,7 +27,9 @@ SCORE_RTOL = 0.03
 
 def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_widths: list) -> TensorParallel:
     """This process's rank of a gloo group standing in for SGLang's TP group: all-reduce as a gather of every rank's
-    part summed in rank order (deterministic; one rounding to the part's dtype, as an all-reduce of two parts)."""
+    part summed in rank order (deterministic; one rounding to the part's dtype, as an all-reduce of two parts),
+    returned as a new tensor with the input overwritten by NaN (SGLang's custom all-reduce returns a new tensor; a
+    caller that read its input after the all-reduce would get a rank's part, not the sum)."""
     import torch.distributed as dist
 
     def gather(t):
@@ -40,7 +42,8 @@ def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_width
         total = parts[0]
         for part in parts[1:]:
             total = total + part
-        return t.copy_(total.to(t.device))
+        t.fill_(float("nan"))
+        return total.to(t.dtype).to(t.device)
 
     def all_gather(t):
         gathered_widths.append(t.shape[-1] if t.dim() > 1 else 1)

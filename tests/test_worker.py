@@ -603,7 +603,8 @@ def test_tensor_parallel_binds_sglangs_tp_group_and_vocabulary_shards(pool_worke
     tp = dw.fused_drafter.tp
     assert (tp.size, tp.rank, tp.embed_shard, tp.lm_head_shard) == (2, 1, (rows, rows - 3), (head_rows, head_rows - 5))
     t = torch.ones(3)
-    assert tp.all_reduce(t).tolist() == [2.0] * 3  # SGLang's all-reduce itself (out of place: no copy back)
+    assert tp.all_reduce is group.all_reduce  # SGLang's own (its result used: no copy back into the input)
+    assert tp.all_reduce(t).tolist() == [2.0] * 3 and t.tolist() == [1.0] * 3
     assert tp.all_gather(torch.ones(4, 2)).shape == (2, 4, 2) and calls == ["reduce", ("gather", (1, 4, 2), 0)]
     # a rank whose LM-head rows do not start at rank x rows is refused at start, naming it
     model.lm_head.shard_indices = shard(padded_org_vocab_start_index=64, num_org_elements=56)
