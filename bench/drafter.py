@@ -66,27 +66,28 @@ def local_rank(size: int, embed_shard: tuple, lm_head_shard: tuple) -> TensorPar
                           embed_shard=embed_shard, lm_head_shard=lm_head_shard)
 
 
-_RANKS: dict = {}  # (id of the whole draft's weights, tp) -> (those weights, rank_weights' result)
-
-
 def rank_weights(w, tp: int):
-    """``(weights, TensorParallel or None, KV heads)`` of rank 0 at ``tp`` ranks (the whole draft at 1)."""
+    """``(weights, TensorParallel or None, KV heads)`` of rank 0 at ``tp`` ranks (the whole draft at 1): the
+    ``rank`` argument of the functions below (None: the whole draft)."""
     if tp == 1:
         return w, None, slice(None)
-    if (id(w), tp) not in _RANKS or _RANKS[id(w), tp][0] is not w:
-        local, embed_shard, head_shard, heads = draft_shard(w, 0, tp)
-        _RANKS[id(w), tp] = w, (local, local_rank(tp, embed_shard, head_shard), heads)
-    return _RANKS[id(w), tp][1]
+    local, embed_shard, head_shard, heads = draft_shard(w, 0, tp)
+    return local, local_rank(tp, embed_shard, head_shard), heads
 
 
-def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1, tp=1):
+def tp_size(rank) -> int:
+    return 1 if rank is None or rank[1] is None else rank[1].size
+
+
+def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1, rank=None):
     """A repeatable draft of a random batch (``bs`` requests, ``PREFIX``-token prefixes in a pool of
     ``page_size``-slot pages, FP8 when ``kv_dtype`` is given, with scales 0.5 / 0.25): a function that runs
-    ``FusedDrafter.draft`` (rank 0's at ``tp`` > 1, :func:`rank_weights`) and puts the positions it advanced back."""
+    ``FusedDrafter.draft`` (``rank``'s, :func:`rank_weights`, on its KV heads) and puts the positions it advanced
+    back."""
     scales = (0.5, 0.25) if kv_dtype is not None else (1.0, 1.0)
     b = random_batch(w, bs, topk, steps, [PREFIX] * bs, torch.Generator().manual_seed(bs), "cuda",
                      kv_dtype=kv_dtype, kv_scales=scales, page_size=page_size)
-    local, parallel, heads = rank_weights(w, tp)
+    local, parallel, heads = rank or rank_weights(w, 1)
     drafter = FusedDrafter(local, topk, steps, n, b["k_cache"][:, heads].contiguous(),
                            b["v_cache"][:, heads].contiguous(), b["req_to_token"], *scales, tp=parallel)
 
@@ -97,15 +98,15 @@ def draft_once(w, steps, topk, n, bs, kv_dtype=None, page_size=1, tp=1):
     return run
 
 
-def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1, tp=1):
-    t = graph_us(draft_once(w, steps, topk, n, bs, kv_dtype, page_size, tp))
-    local = rank_weights(w, tp)[0]
+def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1, rank=None):
+    t = graph_us(draft_once(w, steps, topk, n, bs, kv_dtype, page_size, rank))
+    local = (rank or rank_weights(w, 1))[0]
     forwards = steps - 1
     kv_item = 2 if kv_dtype is None else 1
     kv_bytes = bs * PREFIX * local.num_kv_heads * local.head_dim * 2 * kv_item  # each request's prefix K and V
     floor = forwards * (weight_bytes(local) + kv_bytes) / bandwidth * 1e6
     return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
-                kv_cache_dtype=kv_name(kv_dtype), page_size=page_size, tp=tp,
+                kv_cache_dtype=kv_name(kv_dtype), page_size=page_size, tp=tp_size(rank),
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
 
 
@@ -147,10 +148,10 @@ def kv_markdown(rows, gpu, bandwidth) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chain_kernels(w, steps, topk, n, bs, tp=1) -> list[dict]:
+def chain_kernels(w, steps, topk, n, bs, rank=None) -> list[dict]:
     """Device time of every kernel of one draft, in launch order (torch profiler over one eager draft after a
     warm-up): the ops as they run in the chain, to set beside the isolated per-op rows."""
-    run = draft_once(w, steps, topk, n, bs, tp=tp)
+    run = draft_once(w, steps, topk, n, bs, rank=rank)
     run()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -161,11 +162,11 @@ def chain_kernels(w, steps, topk, n, bs, tp=1) -> list[dict]:
     return [dict(kernel=e.name, us=e.device_time) for e in kernels]
 
 
-def op_cases(w, rows_n, tp=1, device="cuda") -> dict:
-    """``{op: (ours(weight), cuBLAS + torch(weight), weight)}`` for ``rows_n`` rows of random inputs (rank 0's shards
-    at ``tp`` > 1: the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards` of ``tp`` copies against cuBLAS
-    over the shard + softmax + top-8, the part of stock's LM head before its gather)."""
-    w, parallel, _ = rank_weights(w, tp)
+def op_cases(w, rows_n, rank=None, device="cuda") -> dict:
+    """``{op: (ours(weight), cuBLAS + torch(weight), weight)}`` for ``rows_n`` rows of random inputs (``rank``'s
+    shards, :func:`rank_weights`: the LM head as :func:`lm_head_topk_shard` + :func:`merge_shards` of ``tp`` copies
+    against cuBLAS over the shard + softmax + top-8, the part of stock's LM head before its gather)."""
+    w, parallel, _ = rank or rank_weights(w, 1)
     H = w.hidden_size
     x2 = torch.randn(rows_n, 2 * H, device=device, dtype=torch.bfloat16)
     x = torch.randn(rows_n, H, device=device, dtype=torch.bfloat16)
@@ -205,9 +206,9 @@ def op_cases(w, rows_n, tp=1, device="cuda") -> dict:
     return cases
 
 
-def bench_ops(w, rows_n, bandwidth, tp=1):
+def bench_ops(w, rows_n, bandwidth, rank=None):
     """Per-op rows for ``rows_n = bs * topk`` rows (:func:`op_cases`): ours vs cuBLAS, device time in a CUDA graph."""
-    cases = op_cases(w, rows_n, tp)
+    cases = op_cases(w, rows_n, rank)
     ours_impl = "triton (ours)" if rows_n < CUBLAS_MIN_ROWS else "ours (cuBLAS GEMM + Triton norm / epilogue / top-k)"
     rows = []
     for op, (ours, cublas, weight) in cases.items():
@@ -221,7 +222,7 @@ def bench_ops(w, rows_n, bandwidth, tp=1):
                 return [fn(wt) for wt in copies]
 
             t = graph_us(run_all) / len(copies)
-            rows.append(dict(op=op, impl=impl, rows=rows_n, tp=tp, graph_us=t, floor_us=floor,
+            rows.append(dict(op=op, impl=impl, rows=rows_n, tp=tp_size(rank), graph_us=t, floor_us=floor,
                              over_floor=t / floor))
         del copies
     return rows
@@ -275,18 +276,19 @@ def main():
         print(kv_markdown(rows, gpu, bandwidth))
         return
     tp = args.tp
+    rank = rank_weights(w, tp)  # rank 0's shards, made once
     draft_rows = []
     for steps, topk, n in CONFIGS:
         for bs in BATCHES:
-            draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth, tp=tp))
+            draft_rows.append(bench_draft(w, steps, topk, n, bs, bandwidth, rank=rank))
             print(draft_rows[-1], flush=True)
     stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter" + (f"-tp{tp}" if tp > 1 else "")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows, tp=tp),
                                                       indent=1))  # kept if a later part fails
-    chain = {f"{','.join(map(str, cfg))}, batch {bs}": chain_kernels(w, *cfg, bs, tp)
+    chain = {f"{','.join(map(str, cfg))}, batch {bs}": chain_kernels(w, *cfg, bs, rank)
              for cfg in (CONFIGS[:2] if tp > 1 else CONFIGS[:1]) for bs in (1, 32)}
-    op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth, tp)]
+    op_rows = [r for rows_n in (1, 8, 64, 256) for r in bench_ops(w, rows_n, bandwidth, rank)]
     for r in op_rows:
         r["gpu"] = gpu
     (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=draft_rows,

@@ -88,7 +88,7 @@ def draft_shard(w: DraftWeights, rank: int, size: int) -> tuple[DraftWeights, tu
         down=w.down[:, rank * inter:(rank + 1) * inter].contiguous(), lm_head=part(w.lm_head, draft_vocab).contiguous(),
         rotary=w.rotary, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, eps=w.eps, input_norm=w.input_norm,
         hidden_norm=w.hidden_norm, final_norm=w.final_norm, fc=w.fc, fc_bias=w.fc_bias, token_map=w.token_map,
-        o_bias=w.o_bias if w.o_bias is None else w.o_bias,
+        o_bias=w.o_bias,
         qkv_bias=None if w.qkv_bias is None else torch.cat([part(b, n * D, i) for b, n, i in zip(
             w.qkv_bias.split([Hq * D, Hkv * D, Hkv * D]), (hq, hkv, hkv), (rank, kv_index, kv_index), strict=True)]))
     heads = slice(kv_index * hkv, (kv_index + 1) * hkv)

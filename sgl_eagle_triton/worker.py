@@ -585,16 +585,14 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         neither's cycle: the cost policy does not time the decode step after it (nor does the cycle timing,
         :data:`config.CYCLE_TIMING_ENV`, pair it with the one before)."""
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
-        if self.cost_policy is not None and prefill:
+        if prefill and self.cost_policy is not None:
             self.cost_policy.forget_last_step()
-        timing = getattr(self, "_cycle_timing", None)
-        if timing is None or batch.forward_mode.is_idle():
-            return super().forward_batch_generation(batch, *args, **kwargs)
-        if prefill:
-            timing.break_chain()
+        if prefill and self._cycle_timing is not None:
+            self._cycle_timing.break_chain()
+        if self._cycle_timing is None or prefill or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, *args, **kwargs)
         parent = super().forward_batch_generation
-        return timing.step(lambda: parent(batch, *args, **kwargs))
+        return self._cycle_timing.step(lambda: parent(batch, *args, **kwargs))
 
     def verify(self, batch, *args, **kwargs):
         expected = None
@@ -616,6 +614,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     # kernels, steps 0's KV fill), are compiled before traffic; the policies are fed none of those steps' verifies
     _states_to_warm: tuple = ()
     _unattributed_verifies = 0
+    _cycle_timing: CycleTiming | None = None  # SGLANG_EAGLE_TRITON_CYCLE_TIMING's (set in __init__)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). The

@@ -68,7 +68,7 @@ def test_one_rank_of_the_drafter_runs_with_local_stand_ins_for_the_collectives(d
 
     w, gen = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
     local, parallel, heads = drafter.rank_weights(w, 2)
-    assert drafter.rank_weights(w, 2)[0] is local and drafter.rank_weights(w, 1) == (w, None, slice(None))
+    assert drafter.rank_weights(w, 1) == (w, None, slice(None)) and drafter.tp_size((local, parallel, heads)) == 2
     assert local.qkv.shape == ((2 + 1 + 1) * 16, 128) and local.lm_head.shape == (60, 64) and heads == slice(0, 1)
     assert parallel.all_gather(torch.arange(3)).tolist() == [[0, 1, 2], [0, 1, 2]]
     part = torch.ones(2)
@@ -88,5 +88,5 @@ def test_every_per_op_case_runs_on_the_ranks_shapes(device, tp):
     from sgl_eagle_triton.testing import random_draft
 
     w, _ = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
-    for ours, reference, weight in drafter.op_cases(w, 3, tp, device).values():
+    for ours, reference, weight in drafter.op_cases(w, 3, drafter.rank_weights(w, tp), device).values():
         ours(weight), reference(weight)
