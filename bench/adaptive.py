@@ -164,10 +164,11 @@ def prompts_for(batch: int, seed: int, real: bool) -> list:
     return [CODE_PROMPTS[(seed + i) % len(CODE_PROMPTS)] for i in range(batch)]
 
 
-# A batch smaller than this is measured over several rounds (batch 1: 8 requests one after another): one request's
+# A batch smaller than this is measured over several rounds (batch 1: 16 requests one after another): one request's
 # simulated acceptance is noisy (H100 sweep 2026-11-27: two servers in the same 7-step chain at batch 1 accepted 3.56
-# and 4.34 tokens per verify over one 256-token request each, and their tok/s differed by exactly that ratio)
-MIN_REQUESTS = 8
+# and 4.34 tokens per verify over one 256-token request each, and their tok/s differed by exactly that ratio), and
+# 8 requests were too few at batch 4 (H200 sweep 2026-11-27: two rounds of about 0.5 s, one 104 ms stall = 5 %)
+MIN_REQUESTS = 16
 
 
 def rounds_for(batch: int) -> int:

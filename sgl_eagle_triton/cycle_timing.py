@@ -1,5 +1,7 @@
 """Per-rank decode-cycle timing without a profiler (``SGLANG_EAGLE_TRITON_CYCLE_TIMING=N``: a log line every N
-decode steps on every rank).
+decode steps on every rank of every EAGLE V2 server of the process, stock EAGLE / EAGLE3 and EAGLE_TRITON alike:
+the plugin wraps SGLang's ``EAGLEWorkerV2.forward_batch_generation`` with :func:`timed_forward`, which our worker
+calls too, so both are timed by the same code over the same span).
 
 Under tensor parallelism a rank's collectives spin while it waits for the other ranks, so a profiler's GPU busy
 times mix work and waiting, and the profiler itself slows the host loop several-fold. This records, for every
@@ -23,6 +25,7 @@ prefill between two decode steps breaks the pair (not counted).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -36,8 +39,9 @@ class CycleTiming:
     ``event`` makes a recorded event (``torch.cuda.Event(enable_timing=True)`` recorded on the current stream:
     ``.query()``, ``.elapsed_time(other)`` in ms), ``clock`` returns seconds; ``every`` steps give one summary."""
 
-    def __init__(self, every: int, rank: int = 0, event=None, clock=time.perf_counter, log=logger.info):
-        self.every, self.rank, self.clock, self.log = every, rank, clock, log
+    def __init__(self, every: int, rank: int = 0, event=None, clock=time.perf_counter, log=logger.info,
+                 name: str = "EAGLE_TRITON"):
+        self.every, self.rank, self.clock, self.log, self.name = every, rank, clock, log, name
         self.event = event or _cuda_event
         self.pending: deque = deque()  # (host enter, host exit, start event, end event, paired with the one before)
         self.last: tuple | None = None  # the last completed step
@@ -79,10 +83,33 @@ class CycleTiming:
         def per_pair(key):
             return f"{self.sums[key] / paired:.2f} ms" if paired else "n/a"
 
-        return (f"EAGLE_TRITON cycle timing, rank {self.rank}, {self.counts['steps']} decode steps ({paired} after "
+        return (f"{self.name} cycle timing, rank {self.rank}, {self.counts['steps']} decode steps ({paired} after "
                 f"another): host period {per_pair('host_period')} ({self.sums['host_in_forward'] / steps:.2f} ms in "
                 f"forward_batch_generation), gpu step {self.sums['gpu_step'] / steps:.2f} ms + idle "
                 f"{per_pair('gpu_idle')}")
+
+
+def timed_forward(forward, every: int, make_timing=CycleTiming):
+    """``forward`` (SGLang's ``EAGLEWorkerV2.forward_batch_generation(self, batch, ...)``) with its decode steps timed
+    by one :class:`CycleTiming` per worker (made at its first call: the rank of ``self.ps.tp_rank``, the name of its
+    ``server_args.speculative_algorithm``). A prefill breaks the chain and is not timed, nor is an idle batch."""
+
+    @functools.wraps(forward)
+    def timed(self, batch, *args, **kwargs):
+        timing = self.__dict__.get("_cycle_timing")
+        if timing is None:
+            name = str(getattr(getattr(self, "server_args", None), "speculative_algorithm", None) or "EAGLE")
+            timing = self._cycle_timing = make_timing(every, rank=getattr(getattr(self, "ps", None), "tp_rank", 0),
+                                                      name=name)
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            timing.break_chain()
+            return forward(self, batch, *args, **kwargs)
+        if batch.forward_mode.is_idle():
+            return forward(self, batch, *args, **kwargs)
+        return timing.step(lambda: forward(self, batch, *args, **kwargs))
+
+    timed.sgl_eagle_triton_timed = True
+    return timed
 
 
 def _cuda_event():

@@ -30,6 +30,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
+from sgl_eagle_triton.cycle_timing import timed_forward
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +143,26 @@ def _simulate_stock_acceptance() -> None:
                        ALGORITHM_NAME, simulated_acceptance.profile_name())
 
 
+def _time_eagle_workers(every: int) -> None:
+    """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every EAGLE V2 worker of this process, stock and ours (whose
+    ``forward_batch_generation`` calls the parent's), logs its decode steps' timing
+    (:func:`sgl_eagle_triton.cycle_timing.timed_forward`)."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if not getattr(EAGLEWorkerV2.forward_batch_generation, "sgl_eagle_triton_timed", False):
+        EAGLEWorkerV2.forward_batch_generation = timed_forward(EAGLEWorkerV2.forward_batch_generation, every)
+        logger.warning("%s: %s=%d: every EAGLE server of this process logs its decode cycle timing (diagnostics)",
+                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every)
+
+
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``; safe to call any number of times."""
     if os.environ.get(config.STACK_DUMP_ENV):  # diagnostics of a hang (docs/gpu.md)
         faulthandler.dump_traceback_later(float(os.environ[config.STACK_DUMP_ENV]), repeat=True)
     if simulated_acceptance.active():
         _simulate_stock_acceptance()
+    if every := config.cycle_timing_every():  # a bad value: EAGLE_TRITON refuses it at start, stock runs untimed
+        _time_eagle_workers(every)
     if get_spec(ALGORITHM_NAME) is None:
         _register_hooks()
         SpeculativeAlgorithm.register(

@@ -55,7 +55,6 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
-from sgl_eagle_triton.cycle_timing import CycleTiming
 from sgl_eagle_triton.drafter import (
     FusedDrafter,
     TensorParallel,
@@ -468,8 +467,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             logger.warning("%s: %s is set (a test knob): the tree shape changes at every decode step",
                            ALGORITHM_NAME, config.ADAPTIVE_CYCLE_ENV)
         self.resumes = 0  # adaptive: decode steps run at 0 with the full draft extend before drafting again
-        every = config.cycle_timing_every()  # diagnostics (sgl_eagle_triton.cycle_timing); validated at start
-        self._cycle_timing = CycleTiming(every, rank=getattr(self.ps, "tp_rank", 0)) if every else None
         if self.adaptive_controller is not None and not self._cycle_knob:
             self._states_to_warm = tuple(self.adaptive_controller.candidate_steps)
         if self.adaptive_controller is not None and config.adaptive_policy(self.server_args) == "cost":
@@ -581,18 +578,12 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                     ALGORITHM_NAME, len(set(shapes)), time.perf_counter() - tic)
 
     def forward_batch_generation(self, batch, *args, **kwargs):
-        """SGLang's. A prefill (or a gap before one: a new request) falls between two decode steps and belongs to
-        neither's cycle: the cost policy does not time the decode step after it (nor does the cycle timing,
-        :data:`config.CYCLE_TIMING_ENV`, pair it with the one before)."""
-        prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
-        if prefill and self.cost_policy is not None:
+        """SGLang's (under :data:`config.CYCLE_TIMING_ENV` timed as stock's: the plugin wraps the parent's). A prefill
+        (or a gap before one: a new request) falls between two decode steps and belongs to neither's cycle: the cost
+        policy does not time the decode step after it."""
+        if self.cost_policy is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
             self.cost_policy.forget_last_step()
-        if prefill and self._cycle_timing is not None:
-            self._cycle_timing.break_chain()
-        if self._cycle_timing is None or prefill or batch.forward_mode.is_idle():
-            return super().forward_batch_generation(batch, *args, **kwargs)
-        parent = super().forward_batch_generation
-        return self._cycle_timing.step(lambda: parent(batch, *args, **kwargs))
+        return super().forward_batch_generation(batch, *args, **kwargs)
 
     def verify(self, batch, *args, **kwargs):
         expected = None
@@ -614,7 +605,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     # kernels, steps 0's KV fill), are compiled before traffic; the policies are fed none of those steps' verifies
     _states_to_warm: tuple = ()
     _unattributed_verifies = 0
-    _cycle_timing: CycleTiming | None = None  # SGLANG_EAGLE_TRITON_CYCLE_TIMING's (set in __init__)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         """SGLang's adaptive switch before every decode step (a no-op without ``--speculative-adaptive``). The

@@ -62,10 +62,10 @@ def test_the_longest_gap_between_two_chunks_of_a_request_shows_a_stall():
     assert adaptive.longest_gap_ms(results) == pytest.approx(500.0) and adaptive.longest_gap_ms([]) == 0.0
 
 
-def test_small_batches_run_rounds_of_at_least_eight_requests(monkeypatch):
-    """Batch 1 runs 8 rounds (one request's simulated acceptance is noisy), batch 3 three, batch 8 and up one;
+def test_small_batches_run_rounds_of_at_least_sixteen_requests(monkeypatch):
+    """Batch 1 runs 16 rounds (one request's simulated acceptance is noisy), batch 3 six, batch 16 and up one;
     tok/s is the mean of the rounds' rates, the accept length the mean over requests."""
-    assert [adaptive.rounds_for(b) for b in (1, 3, 4, 8, 64)] == [8, 3, 2, 1, 1]
+    assert [adaptive.rounds_for(b) for b in (1, 3, 4, 8, 16, 64)] == [16, 6, 4, 2, 1, 1]
     sent = []
 
     def fake(url, prompt):
@@ -75,10 +75,10 @@ def test_small_batches_run_rounds_of_at_least_eight_requests(monkeypatch):
 
     monkeypatch.setattr(adaptive, "timed_request", fake)
     result = adaptive.measure("http://x", 1)
-    assert len(sent) == 1 + 1 + 8 and result["rounds"] == 8  # warm-up request, warm-up batch, 8 rounds
-    assert result["tok_per_s"] == 10 * sum(range(3, 11)) / 8 and result["accept_len"] == sum(range(3, 11)) / 8
+    assert len(sent) == 1 + 1 + 16 and result["rounds"] == 16  # warm-up request, warm-up batch, 16 rounds
+    assert result["tok_per_s"] == 10 * sum(range(3, 19)) / 16 and result["accept_len"] == sum(range(3, 19)) / 16
     assert result["longest_gap_ms"] == 1000.0
-    assert len({tuple(p) for p in sent[2:]}) == 8  # every round its own prompt
+    assert len({tuple(p) for p in sent[2:]}) == 16  # every round its own prompt
 
 
 def _row(system, batch, tps, shape=(None, None, None), acceptance="simulated:x"):

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sgl_eagle_triton import config
-from sgl_eagle_triton.cycle_timing import CycleTiming
+from sgl_eagle_triton import config, cycle_timing, plugin
+from sgl_eagle_triton.cycle_timing import CycleTiming, timed_forward
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -66,16 +66,51 @@ def test_the_env_is_a_number_of_steps_and_a_bad_value_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill", "idle"])
-def test_the_worker_times_decode_steps_and_breaks_the_chain_at_a_prefill(monkeypatch, mode):
-    calls = []
-    monkeypatch.setattr(EagleTritonWorkerV2.__mro__[1], "forward_batch_generation",
-                        lambda self, batch: calls.append("forward") or "out")
-    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
-    w.cost_policy = None
-    w._cycle_timing = SimpleNamespace(step=lambda launch: calls.append("timed") or launch(),
-                                      break_chain=lambda: calls.append("break"))
+def test_the_wrapped_forward_times_decode_steps_and_breaks_the_chain_at_a_prefill(mode):
+    """timed_forward (the plugin wraps SGLang's EAGLEWorkerV2.forward_batch_generation with it): one CycleTiming per
+    worker, named by its algorithm and ranked by its TP rank; decode steps timed, a prefill breaks the chain, idle
+    batches pass untimed."""
+    calls, made = [], []
+
+    class Timing:
+        def __init__(self, every, rank, name):
+            made.append((every, rank, name))
+
+        def step(self, launch):
+            calls.append("timed")
+            return launch()
+
+        def break_chain(self):
+            calls.append("break")
+
+    forward = timed_forward(lambda self, batch, x=None: calls.append(("forward", x)) or "out", 40, make_timing=Timing)
+    worker = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE3"),
+                             ps=SimpleNamespace(tp_rank=3))
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: mode == "prefill",
                                                          is_idle=lambda: mode == "idle"),
                             is_extend_in_batch=False)
-    assert w.forward_batch_generation(batch) == "out"
-    assert calls == {"decode": ["timed", "forward"], "prefill": ["break", "forward"], "idle": ["forward"]}[mode]
+    assert forward(worker, batch, x=1) == "out" and forward(worker, batch) == "out"
+    assert made == [(40, 3, "EAGLE3")]  # one per worker, made at its first call
+    before = {"decode": ["timed"], "prefill": ["break"], "idle": []}[mode]
+    assert calls == [*before, ("forward", 1), *before, ("forward", None)]
+
+
+def test_our_worker_is_timed_through_the_parent_it_calls(monkeypatch):
+    """Stock and ours are timed by the same wrapper over the same span: our forward_batch_generation calls the
+    parent's, which the plugin wraps (a second wrapper would time ours twice)."""
+    parent = EagleTritonWorkerV2.__mro__[1]
+    calls = []
+    monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: calls.append("parent") or "out")
+    monkeypatch.setattr(cycle_timing, "_cuda_event", FakeGpu().event)
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "7")
+    plugin._time_eagle_workers(7)
+    plugin._time_eagle_workers(7)  # idempotent: register() runs more than once per process
+    wrapped = parent.forward_batch_generation
+    assert wrapped.sgl_eagle_triton_timed and wrapped.__wrapped__.__name__ == "<lambda>"
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.cost_policy, w.ps = None, SimpleNamespace(tp_rank=1)
+    w.server_args = SimpleNamespace(speculative_algorithm="EAGLE_TRITON")
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                            is_extend_in_batch=False)
+    assert w.forward_batch_generation(batch) == "out" and calls == ["parent"]
+    assert w._cycle_timing.name == "EAGLE_TRITON" and w._cycle_timing.rank == 1 and w._cycle_timing.every == 7
