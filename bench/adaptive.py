@@ -35,11 +35,10 @@ own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``
 ``--card``: shares run in separate calls of one GPU each need their own label) and the report compares each system
 with the no-spec of its own card.
 
-``--interleave`` (the trained pair only: its servers fit one GPU together): every system's server starts at once on
-the one GPU (``INTERLEAVE_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch by batch every
-server is measured twice, the systems in one order and then in the reverse (the first order alternating between
-batches); a row keeps the mean and both timings (``runs``). The tiny pair is host-bound: measured one server after
-another, its rows moved by up to 40 % between calls with other servers starting on the host.
+``--interleave`` (the trained pair only: its servers fit one GPU together; :mod:`bench.interleave`): every system's
+server starts on the one GPU (``SHARED_GPU_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch
+by batch every server is measured twice, the systems in one order and then in the reverse (the first order
+alternating between batches); a row keeps the mean and both timings (``runs``).
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.interleave import SHARED_GPU_FLAGS, combine_runs, measurement_order
 from bench.serve import (
     MAX_NEW_TOKENS,
     line_plot,
@@ -88,7 +88,6 @@ TREE_TOPK, TREE_DRAFT_TOKENS = 8, {1: 2, 2: 3, 3: 4, 4: 16, 5: 32, 7: 64}
 # eagle_triton_cost_mixed: chains (1,1,2), (2,1,3), (3,1,4) for large batches among the trees (candidates narrower
 # than the server's topk, docs/adaptive.md)
 MIXED_DRAFT_TOKENS = {1: [1, 2], 2: [1, 3], 3: [1, 4], 4: 16, 5: 32, 7: 64}
-INTERLEAVE_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]  # several servers on one GPU, idle ones quiet
 STOCK_ADAPTIVE_FIRST_STEPS = 7  # the widest candidate of SGLang 0.5.17's default brackets
 SIMULATE_METHOD = "match-expected"
 
@@ -374,7 +373,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     started, ready, rows = [], [], []
     try:
         for phase in (True, False):
-            group = [(system, shape, start(system, shape, INTERLEAVE_FLAGS)) for system, shape in cost_first
+            group = [(system, shape, start(system, shape, SHARED_GPU_FLAGS)) for system, shape in cost_first
                      if str(SYSTEMS[system][1]).startswith("cost") == phase]
             started += group
             for system, shape, server in group:
@@ -385,18 +384,14 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                     print(f"{server.name}: {e!r}", flush=True)
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
-            order = ready if i % 2 == 0 else ready[::-1]
             runs: dict = {}
-            for entry in [*order, *order[::-1]]:
+            for entry in measurement_order(ready, i):
                 result = measure(entry[2].url, batch, True)
                 runs.setdefault(entry[2].name, []).append(result)
                 print(entry[2].name, batch, result, flush=True)
             for system, shape, server, attention in ready:
-                first, second = runs[server.name]
-                result = {**first, "tok_per_s": (first["tok_per_s"] + second["tok_per_s"]) / 2,
-                          "accept_len": (first["accept_len"] + second["accept_len"]) / 2,
-                          "longest_gap_ms": max(first["longest_gap_ms"], second["longest_gap_ms"]),
-                          "runs": [first["tok_per_s"], second["tok_per_s"]]}
+                result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
+                                      keep="tok_per_s")
                 rows.append(row(system, shape, batch, meta, attention, result))
             save(args.out, rows)
     finally:

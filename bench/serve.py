@@ -6,12 +6,15 @@
     python -m bench.serve ... --server-flags "--kv-cache-dtype fp8_e4m3"   # every server with these flags too
     python -m bench.serve ... --tp 2                  # every server tensor-parallel (rows: tp, flags "--tp-size 2")
     python -m bench.serve ... --model llama-3.1-70b --tp 4   # 70B shapes (four GPUs)
+    python -m bench.serve ... --tp 4 --interleave     # every server up at once, batches measured in turn
 
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
 leave its d2t map meaningless), all systems with the same attention backend, each server started by
-:class:`sgl_eagle_triton.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone; rows are
-merged into ``--out`` so a long sweep can span several calls.
+:class:`sgl_eagle_triton.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone, or with
+``--interleave`` all at once, each batch measured twice per server in alternating order (:mod:`bench.interleave`:
+host-bound cycles, e.g. small batches under ``--tp``, moved with the order of the servers); rows are merged into
+``--out`` so a long sweep can span several calls.
 
 Measurement (black box, no host sync inside SGLang): ``batch`` concurrent streamed ``/generate``
 requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. SGLang streams one chunk per
@@ -45,6 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.interleave import SHARED_GPU_FLAGS, combine_runs, measurement_order
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
@@ -325,8 +329,8 @@ def parse_args(argv=None):
     parser.add_argument("--configs", nargs="+", default=[(5, 8, 32), (3, 1, 4), (8, 8, 64)],
                         type=lambda s: tuple(int(x) for x in s.split(",")))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
-    parser.add_argument("--profile-steps", type=int, default=20,
-                        help="forward passes profiled per batch for the stage breakdown (0: none)")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="forward passes profiled per batch for the stage breakdown (default 20; 0: none)")
     parser.add_argument("--server-flags", default="", help="extra flags for every server (rows keep them: 'flags')")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra environment of every server, e.g. a trial's knob (rows keep it in 'flags')")
@@ -334,8 +338,16 @@ def parse_args(argv=None):
                         help="target shapes (dummy weights) and its EAGLE-3 draft's (rows: 'model')")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
                         "EAGLE_TRITON beyond config.TESTED_TP_SIZES runs as a trial under config.EXPERIMENTAL_TP_ENV)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="every server up at once on the same GPUs, each batch measured twice per server in "
+                             "alternating order (rows: the mean, 'runs' both cycles); no profiling")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
+    if args.interleave and args.profile_steps:
+        parser.error("--interleave measures without the profiler: drop --profile-steps (or run it without "
+                     "--interleave)")
+    if args.profile_steps is None:
+        args.profile_steps = 0 if args.interleave else 20
     if args.tp > 1:  # rows are compared within one flag set: the TP size is part of it
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
     args.env = server_env(args.server_env)
@@ -374,38 +386,81 @@ def main(argv=None):
     import torch
 
     target, draft = write_models(args.workdir, args.model)
-    gpu, rows = torch.cuda.get_device_name(), []
-    for system in args.systems:
-        for config in ([(0, 0, 0)] if system == "nospec" else args.configs):
-            name = f"{system}-{'-'.join(map(str, config))}"
-            server = Server(name, str(target), [*server_args(args.batches), *spec_args(system, draft, config),
-                                                *shlex.split(args.server_flags)], args.workdir,
-                            env={**args.env, **({EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else {})})
+    meta = dict(flags=args.flags, tp=args.tp, model=args.model, gpu=torch.cuda.get_device_name(),
+                sglang_version=sglang.__version__, date=str(datetime.date.today()))
+    servers = [(system, config) for system in args.systems
+               for config in ([(0, 0, 0)] if system == "nospec" else args.configs)]
+
+    def start(system, config, extra=()):
+        return Server(f"{system}-{'-'.join(map(str, config))}", str(target),
+                      [*server_args(args.batches), *spec_args(system, draft, config), *shlex.split(args.server_flags),
+                       *extra], args.workdir,
+                      env={**args.env, **({EXPERIMENTAL_TP_ENV: "1"} if args.tp not in TESTED_TP_SIZES else {})})
+
+    if args.interleave:
+        return interleaved(servers, start, args, meta)
+    rows = []
+    for system, config in servers:
+        server = start(system, config)
+        try:
+            server.wait_ready(900)
+            attention = verify_attention(server)
+            for batch in args.batches:
+                result = measure(server.url, batch)
+                stages, by_rank = {}, []
+                if args.profile_steps:
+                    try:
+                        by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{server.name}-b{batch}",
+                                                 args.profile_steps, args.tp)
+                        stages = by_rank[0]  # rank 0's
+                    except Exception as e:  # the cycle time stands without its breakdown
+                        print(f"{server.name} b{batch}: no stage breakdown: {e!r}", flush=True)
+                rows.append(row(system, config, batch, meta, attention, result, stages,
+                                by_rank if args.tp > 1 else None))
+                print(server.name, batch, result, json.dumps(stages), flush=True)
+        finally:
+            server.stop()
+            if rows:  # after every server, failed or not: a sweep cut short keeps what it measured
+                save(args.out, rows)
+
+
+def row(system: str, config: tuple, batch: int, meta: dict, attention: str, result: dict, stages: dict | None = None,
+        stages_by_rank: list | None = None) -> dict:
+    return dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2], batch=batch, **meta,
+                verify_attention=attention, draft_ms=draft_ms(stages or {}), stages=stages or {},
+                stages_by_rank=stages_by_rank, **result)
+
+
+def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
+    """``--interleave`` (:mod:`bench.interleave`): the servers started one after another (each profiles the memory
+    the ones before it left; ``SHARED_GPU_FLAGS``) and kept up; per batch each measured twice, in alternating order;
+    a row keeps the mean of the two (``cycle_ms``, ``mean_cycle_ms``, ``chunks_per_cycle``, ``accept_length``) and
+    both cycles (``runs``). No profiling. A server that fails to start is left out; one that fails while serving
+    stops the sweep with the rows so far saved."""
+    started, ready, rows = [], [], []
+    try:
+        for system, config in servers:
+            server = start(system, config, SHARED_GPU_FLAGS)
+            started.append(server)
             try:
                 server.wait_ready(900)
-                attention = verify_attention(server)
-                for batch in args.batches:
-                    result = measure(server.url, batch)
-                    stages, by_rank = {}, []
-                    if args.profile_steps:
-                        try:
-                            by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{name}-b{batch}",
-                                                     args.profile_steps, args.tp)
-                            stages = by_rank[0]  # rank 0's
-                        except Exception as e:  # the cycle time stands without its breakdown
-                            print(f"{name} b{batch}: no stage breakdown: {e!r}", flush=True)
-                    rows.append(dict(system=system, steps=config[0], topk=config[1], draft_tokens=config[2],
-                                     batch=batch, flags=args.flags, tp=args.tp, model=args.model,
-                                     verify_attention=attention,
-                                     draft_ms=draft_ms(stages),
-                                     stages=stages, stages_by_rank=by_rank if args.tp > 1 else None,
-                                     gpu=gpu,
-                                     sglang_version=sglang.__version__, date=str(datetime.date.today()), **result))
-                    print(name, batch, result, json.dumps(stages), flush=True)
-            finally:
-                server.stop()
-                if rows:  # after every server, failed or not: a sweep cut short keeps what it measured
-                    save(args.out, rows)
+                ready.append((system, config, server, verify_attention(server)))
+            except Exception as e:
+                print(f"{server.name}: {e!r}", flush=True)
+        for i, batch in enumerate(args.batches):
+            runs: dict = {}
+            for entry in measurement_order(ready, i):
+                result = measure(entry[2].url, batch)
+                runs.setdefault(entry[2].name, []).append(result)
+                print(entry[2].name, batch, result, flush=True)
+            for system, config, server, attention in ready:
+                result = combine_runs(runs[server.name], keep="cycle_ms",
+                                      mean=("cycle_ms", "mean_cycle_ms", "chunks_per_cycle", "accept_length"))
+                rows.append(row(system, config, batch, meta, attention, result))
+            save(args.out, rows)
+    finally:
+        for server in started:
+            server.stop()
 
 
 def save(path: Path, rows: list[dict]) -> None:

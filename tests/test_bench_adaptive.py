@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench import adaptive
+from bench.interleave import SHARED_GPU_FLAGS
 from sgl_eagle_triton import config as sgl_config
 
 
@@ -211,7 +212,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
         adaptive.main(argv)
     started.clear()
     adaptive.main([*argv, "--real-pair"])
-    assert len(started) == 2 and all(a[-3:] == adaptive.INTERLEAVE_FLAGS for a in started)
+    assert len(started) == 2 and all(a[-3:] == SHARED_GPU_FLAGS for a in started)
     # the cost policy's server times its graphs at start-up: it starts alone, the others once it is ready
     assert events == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
                       ("ready", "nospec")]

@@ -212,3 +212,55 @@ def test_profiler_traces_are_read_in_rank_order_from_a_fresh_folder(tmp_path, mo
     monkeypatch.setattr(serve.time, "time", iter(range(0, 10**6, 100)).__next__)  # the 180 s wait runs out
     with pytest.raises(RuntimeError, match=r"ranks \[0, 2\].*expected 0..2"):
         serve.profile_stages("url", 1, out, 5, ranks=3)
+
+
+def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(tmp_path, monkeypatch):
+    """``--interleave``: the servers start one after another with the shared-GPU flags and stay up; per batch each
+    is measured once in one order and once in the reverse, the first order alternating between batches; a row is the
+    mean of its two runs and keeps both cycles. No profiling: asking for it is refused."""
+    from bench.interleave import SHARED_GPU_FLAGS
+
+    measured, started, stopped, events = [], [], [], []
+
+    class FakeServer:
+        def __init__(self, name, model, args, workdir, env=None):
+            self.name = self.url = name
+            started.append(args)
+            events.append(("start", name))
+
+        def wait_ready(self, timeout_s):
+            events.append(("ready", self.name))
+
+        def get_json(self, path):
+            return {"internal_states": [{}]}
+
+        def stop(self):
+            stopped.append(self.name)
+
+    def measure(url, batch):
+        measured.append((url, batch))
+        n = float(len(measured))
+        return {"cycle_ms": n, "mean_cycle_ms": 2 * n, "chunks_per_cycle": 1.0, "accept_length": 1.0}
+
+    monkeypatch.setattr(serve, "Server", FakeServer)
+    monkeypatch.setattr(serve, "measure", measure)
+    monkeypatch.setattr(serve, "write_models", lambda workdir, model: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(serve, "profile_stages", lambda *a, **k: pytest.fail("profiled under --interleave"))
+    monkeypatch.setattr(serve, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "serve.json"
+    argv = ["--systems", "eagle3", "eagle_triton", "--configs", "3,1,4", "--batches", "1", "8", "--tp", "4",
+            "--workdir", str(tmp_path), "--out", str(out), "--interleave"]
+    with pytest.raises(SystemExit):
+        serve.parse_args([*argv, "--profile-steps", "5"])
+    serve.main(argv)
+    assert events == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
+                      ("ready", "eagle_triton-3-1-4")]  # one after another: each profiles the memory left
+    assert all(a[-len(SHARED_GPU_FLAGS):] == SHARED_GPU_FLAGS for a in started)
+    assert measured == [("eagle3-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle3-3-1-4", 1),
+                        ("eagle_triton-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle_triton-3-1-4", 8)]
+    rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
+    assert rows["eagle3", 1]["runs"] == [1.0, 4.0] and rows["eagle3", 1]["cycle_ms"] == 2.5
+    assert rows["eagle3", 1]["mean_cycle_ms"] == 5.0 and rows["eagle_triton", 8]["cycle_ms"] == 6.5
+    assert {r["tp"] for r in rows.values()} == {4} and {r["flags"] for r in rows.values()} == {"--tp-size 4"}
+    assert sorted(stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]

@@ -1,0 +1,26 @@
+"""Measuring several servers alike (``--interleave`` of :mod:`bench.adaptive` and :mod:`bench.serve`): every
+server up at once, then per batch each server measured twice, the servers in one order and then in the reverse, the
+first order alternating between batches. A host-bound cycle (a tiny model, or small batches under ``--tp``) moves
+with whatever else the host does: one server after another, the same server's rows moved by up to 40 % between calls
+and the second server of a call ran slower than the first (8B at ``--tp 4``, 4 x H200: stock 5.02 ms first,
+5.86 ms second; ours 5.54 ms first, 7.26 ms second); interleaved, both face the same host."""
+
+from __future__ import annotations
+
+# Several servers on the same GPUs: a capped KV pool (each profiles the memory the others left) and schedulers that
+# sleep while idle (an idle server does not poll the host while the others are measured)
+SHARED_GPU_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]
+
+
+def measurement_order(entries: list, batch_index: int) -> list:
+    """The order in which ``entries`` are measured at the ``batch_index``-th batch: each twice, in one order and
+    then the reverse; the first order alternates between batches."""
+    order = list(entries) if batch_index % 2 == 0 else list(entries)[::-1]
+    return [*order, *order[::-1]]
+
+
+def combine_runs(runs: list[dict], mean: tuple[str, ...], longest: tuple[str, ...] = (), keep: str = "") -> dict:
+    """One result from a server's runs of a batch: the first run's keys, ``mean`` keys averaged, ``longest`` keys
+    the largest, and ``runs``: every run's ``keep`` value."""
+    return {**runs[0], **{k: sum(r[k] for r in runs) / len(runs) for k in mean},
+            **{k: max(r[k] for r in runs) for k in longest}, "runs": [r[keep] for r in runs]}
