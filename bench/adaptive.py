@@ -37,8 +37,8 @@ with the no-spec of its own card.
 
 ``--interleave`` (the trained pair only: its servers fit one GPU together; :mod:`bench.interleave`): every system's
 server starts on the one GPU (``SHARED_GPU_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch
-by batch every server is measured twice, the systems in one order and then in the reverse (the first order
-alternating between batches); a row keeps the mean and both timings (``runs``).
+by batch every server is measured twice (``--repeats``), the systems in one order and then in the reverse (the
+first order alternating between batches); a row keeps the mean and every timing (``runs``).
 """
 
 from __future__ import annotations
@@ -290,9 +290,11 @@ def parse_args(argv=None):
                         "flashinfer' (rows: 'flags', part of their key)")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="with --interleave: runs per server and batch, the order reversed each run")
     parser.add_argument("--interleave", action="store_true",
                         help="with --real-pair: start every server at once and measure them batch by batch, each "
-                             "batch twice in alternating order (rows: the mean, 'runs' both)")
+                             "batch twice (--repeats) in alternating order (rows: the mean, 'runs' each)")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
                         "cards, each with its own no-spec) into --out, with its table and plot")
@@ -364,11 +366,11 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
 
 
 def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
-    """``--interleave``: every server up at once; per batch each measured twice, in alternating order; a row keeps
-    the mean ``tok_per_s`` and ``accept_len`` of the two and both timings (``runs``). The cost policies' servers start
-    first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and capturing on
-    the same GPU would disturb), the others together once those are ready. A server that fails to start is left
-    out; one that fails while serving stops the sweep with the rows so far saved."""
+    """``--interleave``: every server up at once; per batch each measured ``--repeats`` times, in alternating order;
+    a row keeps the mean ``tok_per_s`` and ``accept_len`` of the runs and every timing (``runs``). The cost policies'
+    servers start first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and
+    capturing on the same GPU would disturb), the others together once those are ready. A server that fails to start
+    is left out; one that fails while serving stops the sweep with the rows so far saved."""
     cost_first = sorted(servers, key=lambda s: not str(SYSTEMS[s[0]][1]).startswith("cost"))
     started, ready, rows = [], [], []
     try:
@@ -385,7 +387,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
             runs: dict = {}
-            for entry in measurement_order(ready, i):
+            for entry in measurement_order(ready, i, args.repeats):
                 result = measure(entry[2].url, batch, True)
                 runs.setdefault(entry[2].name, []).append(result)
                 print(entry[2].name, batch, result, flush=True)

@@ -1,9 +1,10 @@
 """Measuring several servers alike (``--interleave`` of :mod:`bench.adaptive` and :mod:`bench.serve`): every
-server up at once, then per batch each server measured twice, the servers in one order and then in the reverse, the
-first order alternating between batches. A host-bound cycle (a tiny model, or small batches under ``--tp``) moves
-with whatever else the host does: one server after another, the same server's rows moved by up to 40 % between calls
-and the second server of a call ran slower than the first (8B at ``--tp 4``, 4 x H200: stock 5.02 ms first,
-5.86 ms second; ours 5.54 ms first, 7.26 ms second); interleaved, both face the same host."""
+server up at once, then per batch each server measured ``--repeats`` times (default 2), the order of the servers
+reversed from one repeat to the next and the first order alternating between batches. A host-bound cycle (a tiny
+model, or small batches under ``--tp``) moves with whatever else the host does: one server after another, the same
+server's rows moved by up to 40 % between calls and the second server of a call ran slower than the first (8B at
+``--tp 4``, 4 x H200: stock 5.02 ms first, 5.86 ms second; ours 5.54 ms first, 7.26 ms second); interleaved, both
+face the same host."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from __future__ import annotations
 SHARED_GPU_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]
 
 
-def measurement_order(entries: list, batch_index: int) -> list:
-    """The order in which ``entries`` are measured at the ``batch_index``-th batch: each twice, in one order and
-    then the reverse; the first order alternates between batches."""
-    order = list(entries) if batch_index % 2 == 0 else list(entries)[::-1]
-    return [*order, *order[::-1]]
+def measurement_order(entries: list, batch_index: int, repeats: int = 2) -> list:
+    """The order in which ``entries`` are measured at the ``batch_index``-th batch: ``repeats`` times each, the
+    order reversed from one repeat to the next and the first order alternating between batches."""
+    forward, backward = list(entries), list(entries)[::-1]
+    return [e for r in range(repeats) for e in (forward if (batch_index + r) % 2 == 0 else backward)]
 
 
 def combine_runs(runs: list[dict], mean: tuple[str, ...], longest: tuple[str, ...] = (), keep: str = "") -> dict:

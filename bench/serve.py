@@ -12,9 +12,9 @@ On a GPU host, from the repository root: Llama-3.1-8B target shapes served with 
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
 leave its d2t map meaningless), all systems with the same attention backend, each server started by
 :class:`sgl_eagle_triton.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone, or with
-``--interleave`` all at once, each batch measured twice per server in alternating order (:mod:`bench.interleave`:
-host-bound cycles, e.g. small batches under ``--tp``, moved with the order of the servers); rows are merged into
-``--out`` so a long sweep can span several calls.
+``--interleave`` all at once, each batch measured twice (``--repeats``) per server in alternating order
+(:mod:`bench.interleave`: host-bound cycles, e.g. small batches under ``--tp``, moved with the order of the servers);
+rows are merged into ``--out`` so a long sweep can span several calls.
 
 Measurement (black box, no host sync inside SGLang): ``batch`` concurrent streamed ``/generate``
 requests of random 128-token prompts, ``MAX_NEW_TOKENS`` each, EOS ignored. SGLang streams one chunk per
@@ -338,9 +338,11 @@ def parse_args(argv=None):
                         help="target shapes (dummy weights) and its EAGLE-3 draft's (rows: 'model')")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (rows: 'tp'; "
                         "EAGLE_TRITON beyond config.TESTED_TP_SIZES runs as a trial under config.EXPERIMENTAL_TP_ENV)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="with --interleave: runs per server and batch, the order reversed each run")
     parser.add_argument("--interleave", action="store_true",
-                        help="every server up at once on the same GPUs, each batch measured twice per server in "
-                             "alternating order (rows: the mean, 'runs' both cycles); no profiling")
+                        help="every server up at once on the same GPUs, each batch measured twice (--repeats) per "
+                             "server in alternating order (rows: the mean, 'runs' every cycle); no profiling")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
     if args.interleave and args.profile_steps:
@@ -433,10 +435,10 @@ def row(system: str, config: tuple, batch: int, meta: dict, attention: str, resu
 
 def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     """``--interleave`` (:mod:`bench.interleave`): the servers started one after another (each profiles the memory
-    the ones before it left; ``SHARED_GPU_FLAGS``) and kept up; per batch each measured twice, in alternating order;
-    a row keeps the mean of the two (``cycle_ms``, ``mean_cycle_ms``, ``chunks_per_cycle``, ``accept_length``) and
-    both cycles (``runs``). No profiling. A server that fails to start is left out; one that fails while serving
-    stops the sweep with the rows so far saved."""
+    the ones before it left; ``SHARED_GPU_FLAGS``) and kept up; per batch each measured ``--repeats`` times, in
+    alternating order; a row keeps the mean of the runs (``cycle_ms``, ``mean_cycle_ms``, ``chunks_per_cycle``,
+    ``accept_length``) and every cycle (``runs``). No profiling. A server that fails to start is left out; one
+    that fails while serving stops the sweep with the rows so far saved."""
     started, ready, rows = [], [], []
     try:
         for system, config in servers:
@@ -449,7 +451,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                 print(f"{server.name}: {e!r}", flush=True)
         for i, batch in enumerate(args.batches):
             runs: dict = {}
-            for entry in measurement_order(ready, i):
+            for entry in measurement_order(ready, i, args.repeats):
                 result = measure(entry[2].url, batch)
                 runs.setdefault(entry[2].name, []).append(result)
                 print(entry[2].name, batch, result, flush=True)

@@ -264,3 +264,16 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     assert rows["eagle3", 1]["mean_cycle_ms"] == 5.0 and rows["eagle_triton", 8]["cycle_ms"] == 6.5
     assert {r["tp"] for r in rows.values()} == {4} and {r["flags"] for r in rows.values()} == {"--tp-size 4"}
     assert sorted(stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]
+
+
+def test_more_repeats_keep_reversing_the_order():
+    """``--repeats 3``: each server three times per batch, the order reversed each run, the first order
+    alternating between batches (2 repeats: one order, then the reverse)."""
+    from bench.interleave import combine_runs, measurement_order
+
+    assert measurement_order(["a", "b"], 0) == ["a", "b", "b", "a"]
+    assert measurement_order(["a", "b"], 0, 3) == ["a", "b", "b", "a", "a", "b"]
+    assert measurement_order(["a", "b", "c"], 1, 3) == ["c", "b", "a", "a", "b", "c", "c", "b", "a"]
+    runs = [{"cycle_ms": 3.0, "x": 1}, {"cycle_ms": 6.0, "x": 2}, {"cycle_ms": 9.0, "x": 3}]
+    assert combine_runs(runs, mean=("cycle_ms",), longest=("x",), keep="cycle_ms") == {
+        "cycle_ms": 6.0, "x": 3, "runs": [3.0, 6.0, 9.0]}
