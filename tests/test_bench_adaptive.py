@@ -8,6 +8,7 @@ import pytest
 from bench import adaptive
 from bench.interleave import SHARED_GPU_FLAGS
 from sgl_eagle_triton import config as sgl_config
+from tests.fake_server import ServerLog
 
 
 def test_spec_args_per_system(tmp_path):
@@ -141,26 +142,9 @@ def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, 
 def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     """``--server-flags``: on every server's command line, and in every row it measured (with the verify attention
     the server reports: SGLang's on flashinfer)."""
-    started = []
-
-    class FakeServer:
-        url = "http://fake"
-
-        def __init__(self, name, model, args, workdir, env=None):
-            self.name = name
-            started.append(args)
-
-        def wait_ready(self, timeout_s):
-            pass
-
-        def get_json(self, path):
-            attention = "SGLang's FlashInferAttnBackend (our kernel replaces the triton backend's)"
-            return {"internal_states": [{"eagle_triton": {"kernels": {"verify attention": attention}}}]}
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(adaptive, "Server", FakeServer)
+    attention = "SGLang's FlashInferAttnBackend (our kernel replaces the triton backend's)"
+    servers = ServerLog({"eagle_triton": {"kernels": {"verify attention": attention}}})
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
     monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
                                                                               "rounds": 1})
@@ -169,7 +153,7 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     out = tmp_path / "sweep.json"
     adaptive.main(["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "--workdir", str(tmp_path),
                    "--out", str(out), "--server-flags", "--attention-backend flashinfer"])
-    assert len(started) == 2 and all(a[-2:] == ["--attention-backend", "flashinfer"] for a in started)
+    assert len(servers.started) == 2 and all(a[-2:] == ["--attention-backend", "flashinfer"] for a in servers.started)
     rows = json.loads(out.read_text())
     assert {r["flags"] for r in rows} == {"--attention-backend flashinfer"}
     assert {r["verify_attention"] for r in rows} == {"sglang"}
@@ -180,28 +164,13 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     """``--interleave`` (trained pair): all servers up at once with the shared-GPU flags; per batch each is
     measured once in one order and once in the reverse, the first order alternating between batches; a row is the
     mean of its two timings. Without ``--real-pair`` it is refused."""
-    measured, started, stopped, events = [], [], [], []
-
-    class FakeServer:
-        def __init__(self, name, model, args, workdir, env=None):
-            self.name, self.url = name, name
-            started.append(args)
-            events.append(("start", name))
-
-        def wait_ready(self, timeout_s):
-            events.append(("ready", self.name))
-
-        def get_json(self, path):
-            return {"internal_states": [{}]}
-
-        def stop(self):
-            stopped.append(self.name)
+    measured, servers = [], ServerLog()
 
     def measure(url, batch, real=False):
         measured.append((url, batch))
         return {"tok_per_s": float(len(measured)), "accept_len": 2.0, "rounds": 1, "longest_gap_ms": 1.0}
 
-    monkeypatch.setattr(adaptive, "Server", FakeServer)
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
     monkeypatch.setattr(adaptive, "measure", measure)
     monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
@@ -210,15 +179,15 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
             "--out", str(out), "--interleave"]
     with pytest.raises(SystemExit, match="--interleave needs --real-pair"):
         adaptive.main(argv)
-    started.clear()
+    servers.started.clear()
     adaptive.main([*argv, "--real-pair"])
-    assert len(started) == 2 and all(a[-3:] == SHARED_GPU_FLAGS for a in started)
+    assert len(servers.started) == 2 and all(a[-3:] == SHARED_GPU_FLAGS for a in servers.started)
     # the cost policy's server times its graphs at start-up: it starts alone, the others once it is ready
-    assert events == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
+    assert servers.events == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
                       ("ready", "nospec")]
     assert measured == [("nospec", 1), ("eagle_triton_cost", 1), ("eagle_triton_cost", 1), ("nospec", 1),
                         ("eagle_triton_cost", 4), ("nospec", 4), ("nospec", 4), ("eagle_triton_cost", 4)]
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
     assert rows["nospec", 1]["runs"] == [1.0, 4.0] and rows["nospec", 1]["tok_per_s"] == 2.5
     assert rows["eagle_triton_cost", 4]["runs"] == [5.0, 8.0] and rows["eagle_triton_cost", 4]["tok_per_s"] == 6.5
-    assert sorted(stopped) == ["eagle_triton_cost", "nospec"]
+    assert sorted(servers.stopped) == ["eagle_triton_cost", "nospec"]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench import serve
+from tests.fake_server import ServerLog
 
 
 def row(system, batch, cycle, config=(5, 8, 32), draft_ms=None):
@@ -220,29 +221,14 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     mean of its two runs and keeps both cycles. No profiling: asking for it is refused."""
     from bench.interleave import SHARED_GPU_FLAGS
 
-    measured, started, stopped, events = [], [], [], []
-
-    class FakeServer:
-        def __init__(self, name, model, args, workdir, env=None):
-            self.name = self.url = name
-            started.append(args)
-            events.append(("start", name))
-
-        def wait_ready(self, timeout_s):
-            events.append(("ready", self.name))
-
-        def get_json(self, path):
-            return {"internal_states": [{}]}
-
-        def stop(self):
-            stopped.append(self.name)
+    measured, servers = [], ServerLog()
 
     def measure(url, batch):
         measured.append((url, batch))
         n = float(len(measured))
         return {"cycle_ms": n, "mean_cycle_ms": 2 * n, "chunks_per_cycle": 1.0, "accept_length": 1.0}
 
-    monkeypatch.setattr(serve, "Server", FakeServer)
+    monkeypatch.setattr(serve, "Server", servers.server_class())
     monkeypatch.setattr(serve, "measure", measure)
     monkeypatch.setattr(serve, "write_models", lambda workdir, model: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(serve, "profile_stages", lambda *a, **k: pytest.fail("profiled under --interleave"))
@@ -254,16 +240,16 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     with pytest.raises(SystemExit):
         serve.parse_args([*argv, "--profile-steps", "5"])
     serve.main(argv)
-    assert events == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
+    assert servers.events == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
                       ("ready", "eagle_triton-3-1-4")]  # one after another: each profiles the memory left
-    assert all(a[-len(SHARED_GPU_FLAGS):] == SHARED_GPU_FLAGS for a in started)
+    assert all(a[-len(SHARED_GPU_FLAGS):] == SHARED_GPU_FLAGS for a in servers.started)
     assert measured == [("eagle3-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle3-3-1-4", 1),
                         ("eagle_triton-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle_triton-3-1-4", 8)]
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
     assert rows["eagle3", 1]["runs"] == [1.0, 4.0] and rows["eagle3", 1]["cycle_ms"] == 2.5
     assert rows["eagle3", 1]["mean_cycle_ms"] == 5.0 and rows["eagle_triton", 8]["cycle_ms"] == 6.5
     assert {r["tp"] for r in rows.values()} == {4} and {r["flags"] for r in rows.values()} == {"--tp-size 4"}
-    assert sorted(stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]
+    assert sorted(servers.stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]
 
 
 def test_more_repeats_keep_reversing_the_order():

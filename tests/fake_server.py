@@ -1,0 +1,31 @@
+"""A stand-in for :class:`sgl_eagle_triton.launcher.Server` in the benchmarks' CPU tests: records what a sweep
+starts (its flags), waits for and stops, in order."""
+
+
+class ServerLog:
+    """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
+    argument list), ``events`` (``("start" | "ready", name)`` in order) and ``stopped`` (names); ``/server_info``
+    answers ``state`` as its ``internal_states[0]``."""
+
+    def __init__(self, state: dict | None = None):
+        self.started, self.events, self.stopped, self.state = [], [], [], state or {}
+
+    def server_class(self):
+        log = self
+
+        class FakeServer:
+            def __init__(self, name, model, args, workdir, env=None):
+                self.name = self.url = name
+                log.started.append(args)
+                log.events.append(("start", name))
+
+            def wait_ready(self, timeout_s):
+                log.events.append(("ready", self.name))
+
+            def get_json(self, path):
+                return {"internal_states": [log.state]}
+
+            def stop(self):
+                log.stopped.append(self.name)
+
+        return FakeServer
