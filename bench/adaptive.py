@@ -312,6 +312,8 @@ def main(argv=None):
     if args.merge:
         save(args.out, [r for path in args.merge for r in json.loads(path.read_text())])
         return
+    if args.repeats < 1:
+        raise SystemExit("bench.adaptive: --repeats: at least 1")
     if args.interleave and not args.real_pair:
         raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
                          "together)")
@@ -382,8 +384,11 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                 try:
                     server.wait_ready(900)
                     ready.append((system, shape, server, verify_attention(server)))
-                except Exception as e:
+                except Exception as e:  # stopped at once: it would hold GPU memory while the others are measured
                     print(f"{server.name}: {e!r}", flush=True)
+                    server.stop()
+        if not ready:
+            raise SystemExit("bench.adaptive --interleave: no server started")
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
             runs: dict = {}

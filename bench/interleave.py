@@ -8,20 +8,23 @@ face the same host."""
 
 from __future__ import annotations
 
-# Several servers on the same GPUs: a capped KV pool (each profiles the memory the others left) and schedulers that
-# sleep while idle (an idle server does not poll the host while the others are measured)
+# Several servers on the same GPUs, one serving at a time (servers of several ranks serving at once on shared cards
+# stall one another: docs/gpu.md): a capped KV pool (each profiles the memory the ones before it left; with many
+# large servers a late one may get less than the cap, e.g. two 70B --tp 4 servers fit H200s, not H100s) and
+# schedulers that sleep while idle (rank 0 sleeps, the other ranks block in SGLang's CPU broadcast)
 SHARED_GPU_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]
 
 
 def measurement_order(entries: list, batch_index: int, repeats: int = 2) -> list:
     """The order in which ``entries`` are measured at the ``batch_index``-th batch: ``repeats`` times each, the
-    order reversed from one repeat to the next and the first order alternating between batches."""
+    order reversed from one repeat to the next and the first order alternating between batches (an even
+    ``repeats`` puts every entry first equally often within a batch)."""
     forward, backward = list(entries), list(entries)[::-1]
     return [e for r in range(repeats) for e in (forward if (batch_index + r) % 2 == 0 else backward)]
 
 
 def combine_runs(runs: list[dict], mean: tuple[str, ...], longest: tuple[str, ...] = (), keep: str = "") -> dict:
-    """One result from a server's runs of a batch: the first run's keys, ``mean`` keys averaged, ``longest`` keys
-    the largest, and ``runs``: every run's ``keep`` value."""
+    """One result from a server's runs of a batch: ``mean`` keys averaged, ``longest`` keys the largest, ``runs``:
+    every run's ``keep`` value; any other key as the first run has it."""
     return {**runs[0], **{k: sum(r[k] for r in runs) / len(runs) for k in mean},
             **{k: max(r[k] for r in runs) for k in longest}, "runs": [r[keep] for r in runs]}

@@ -345,6 +345,8 @@ def parse_args(argv=None):
                              "server in alternating order (rows: the mean, 'runs' every cycle); no profiling")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1")
     if args.interleave and args.profile_steps:
         parser.error("--interleave measures without the profiler: drop --profile-steps (or run it without "
                      "--interleave)")
@@ -354,6 +356,8 @@ def parse_args(argv=None):
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
     args.env = server_env(args.server_env)
     args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
+    if args.interleave:  # its rows (capped KV pools, servers side by side) never replace rows of servers run alone
+        args.flags = " ".join([args.flags, *SHARED_GPU_FLAGS]).strip()
     for steps, topk, n in args.configs:
         if topk == 1 and n != steps + 1:
             parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")
@@ -447,8 +451,11 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
             try:
                 server.wait_ready(900)
                 ready.append((system, config, server, verify_attention(server)))
-            except Exception as e:
+            except Exception as e:  # stopped at once: it would hold GPU memory while the others are measured
                 print(f"{server.name}: {e!r}", flush=True)
+                server.stop()
+        if not ready:
+            raise SystemExit("bench.serve --interleave: no server started")
         for i, batch in enumerate(args.batches):
             runs: dict = {}
             for entry in measurement_order(ready, i, args.repeats):

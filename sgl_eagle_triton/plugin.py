@@ -144,9 +144,10 @@ def _simulate_stock_acceptance() -> None:
 
 
 def _time_eagle_workers(every: int) -> None:
-    """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every EAGLE V2 worker of this process, stock and ours (whose
-    ``forward_batch_generation`` calls the parent's), logs its decode steps' timing
-    (:func:`sgl_eagle_triton.cycle_timing.timed_forward`)."""
+    """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every ``EAGLEWorkerV2`` of this process, stock EAGLE / EAGLE3
+    and ours (whose ``forward_batch_generation`` calls the parent's), logs its decode steps' timing
+    (:func:`sgl_eagle_triton.cycle_timing.timed_forward`); subclasses that override the method without calling it
+    (SGLang's MTP variants) are not timed. Imports SGLang's EAGLE worker module, only with the variable set."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     if not getattr(EAGLEWorkerV2.forward_batch_generation, "sgl_eagle_triton_timed", False):
@@ -161,8 +162,12 @@ def register() -> None:
         faulthandler.dump_traceback_later(float(os.environ[config.STACK_DUMP_ENV]), repeat=True)
     if simulated_acceptance.active():
         _simulate_stock_acceptance()
-    if every := config.cycle_timing_every():  # a bad value: EAGLE_TRITON refuses it at start, stock runs untimed
+    every = config.cycle_timing_every()
+    if every:
         _time_eagle_workers(every)
+    elif every is None:  # EAGLE_TRITON refuses it at start; other servers say they run untimed
+        logger.warning("%s: %s=%r is not a whole number of decode steps > 0: no cycle timing", ALGORITHM_NAME,
+                       config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))
     if get_spec(ALGORITHM_NAME) is None:
         _register_hooks()
         SpeculativeAlgorithm.register(

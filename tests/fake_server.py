@@ -4,8 +4,8 @@ starts (its flags), waits for and stops, in order."""
 
 class ServerLog:
     """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
-    argument list), ``events`` (``("start" | "ready", name)`` in order) and ``stopped`` (names); ``/server_info``
-    answers ``state`` as its ``internal_states[0]``."""
+    argument list), ``events`` (``("start" | "ready" | "stop", name)`` in order) and ``stopped`` (names);
+    ``/server_info`` answers ``state`` as its ``internal_states[0]``."""
 
     def __init__(self, state: dict | None = None):
         self.started, self.events, self.stopped, self.state = [], [], [], state or {}
@@ -27,5 +27,6 @@ class ServerLog:
 
             def stop(self):
                 log.stopped.append(self.name)
+                log.events.append(("stop", self.name))
 
         return FakeServer

@@ -183,7 +183,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     adaptive.main([*argv, "--real-pair"])
     assert len(servers.started) == 2 and all(a[-3:] == SHARED_GPU_FLAGS for a in servers.started)
     # the cost policy's server times its graphs at start-up: it starts alone, the others once it is ready
-    assert servers.events == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
+    assert servers.events[:4] == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
                       ("ready", "nospec")]
     assert measured == [("nospec", 1), ("eagle_triton_cost", 1), ("eagle_triton_cost", 1), ("nospec", 1),
                         ("eagle_triton_cost", 4), ("nospec", 4), ("nospec", 4), ("eagle_triton_cost", 4)]

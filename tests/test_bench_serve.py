@@ -237,10 +237,11 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     out = tmp_path / "serve.json"
     argv = ["--systems", "eagle3", "eagle_triton", "--configs", "3,1,4", "--batches", "1", "8", "--tp", "4",
             "--workdir", str(tmp_path), "--out", str(out), "--interleave"]
-    with pytest.raises(SystemExit):
-        serve.parse_args([*argv, "--profile-steps", "5"])
+    for bad in (["--profile-steps", "5"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            serve.parse_args([*argv, *bad])
     serve.main(argv)
-    assert servers.events == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
+    assert servers.events[:4] == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
                       ("ready", "eagle_triton-3-1-4")]  # one after another: each profiles the memory left
     assert all(a[-len(SHARED_GPU_FLAGS):] == SHARED_GPU_FLAGS for a in servers.started)
     assert measured == [("eagle3-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle3-3-1-4", 1),
@@ -248,7 +249,8 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
     assert rows["eagle3", 1]["runs"] == [1.0, 4.0] and rows["eagle3", 1]["cycle_ms"] == 2.5
     assert rows["eagle3", 1]["mean_cycle_ms"] == 5.0 and rows["eagle_triton", 8]["cycle_ms"] == 6.5
-    assert {r["tp"] for r in rows.values()} == {4} and {r["flags"] for r in rows.values()} == {"--tp-size 4"}
+    assert {r["tp"] for r in rows.values()} == {4}
+    assert {r["flags"] for r in rows.values()} == {" ".join(["--tp-size 4", *SHARED_GPU_FLAGS])}  # not run alone
     assert sorted(servers.stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]
 
 
@@ -263,3 +265,30 @@ def test_more_repeats_keep_reversing_the_order():
     runs = [{"cycle_ms": 3.0, "x": 1}, {"cycle_ms": 6.0, "x": 2}, {"cycle_ms": 9.0, "x": 3}]
     assert combine_runs(runs, mean=("cycle_ms",), longest=("x",), keep="cycle_ms") == {
         "cycle_ms": 6.0, "x": 3, "runs": [3.0, 6.0, 9.0]}
+
+
+def test_interleave_stops_a_server_that_failed_to_start_at_once(tmp_path, monkeypatch):
+    """A server that does not start is stopped before the next one starts (it would hold GPU memory) and left out;
+    with no server up the sweep ends with an error, not a table of nothing."""
+    servers = ServerLog()
+    fake = servers.server_class()
+
+    class FailingStart(fake):
+        def wait_ready(self, timeout_s):
+            if self.name.startswith("eagle3"):
+                raise RuntimeError("died")
+            super().wait_ready(timeout_s)
+
+    monkeypatch.setattr(serve, "Server", FailingStart)
+    monkeypatch.setattr(serve, "measure", lambda url, batch: {"cycle_ms": 1.0, "mean_cycle_ms": 1.0,
+                                                               "chunks_per_cycle": 1.0, "accept_length": 1.0})
+    monkeypatch.setattr(serve, "write_models", lambda workdir, model: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(serve, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    argv = ["--configs", "3,1,4", "--batches", "1", "--workdir", str(tmp_path), "--out", str(tmp_path / "s.json"),
+            "--interleave"]
+    serve.main([*argv, "--systems", "eagle3", "eagle_triton"])
+    assert servers.events[:3] == [("start", "eagle3-3-1-4"), ("stop", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4")]
+    assert {r["system"] for r in json.loads((tmp_path / "s.json").read_text())} == {"eagle_triton"}
+    with pytest.raises(SystemExit, match="no server started"):
+        serve.main([*argv, "--systems", "eagle3"])
