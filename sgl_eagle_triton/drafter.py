@@ -29,7 +29,7 @@ from sgl_eagle_triton.kernels.draft_attention import draft_attention
 from sgl_eagle_triton.kernels.draft_input import draft_input
 from sgl_eagle_triton.kernels.draft_organize import draft_organize
 from sgl_eagle_triton.kernels.draft_select import draft_select
-from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.linear import epilogue, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
 
 
@@ -349,12 +349,13 @@ class FusedDrafter:
     def _row_parallel(self, x, weight, out, residual, out_sum, bias=None):
         """``out = rnd(x @ weight.T (+ bias) + residual)``, ``out_sum`` its fp32 sum (linear's residual epilogue).
         Under tensor parallelism ``weight`` holds this rank's input columns: each rank's rounded product (the bias
-        on rank 0, as SGLang's RowParallelLinear) is all-reduced, then added to the residual."""
+        on rank 0, as SGLang's RowParallelLinear) is all-reduced, then added to the residual
+        (:func:`sgl_eagle_triton.kernels.linear.epilogue`)."""
         if self.tp is None:
             return linear(x, weight, out, bias=bias, residual=residual, out_sum=out_sum)
         linear(x, weight, out, bias=bias if self.tp.rank == 0 else None)
-        torch.add(self.tp.all_reduce(out).float(), residual, out=out_sum)  # fp32 sum: the residual widened exactly
-        return out.copy_(out_sum)
+        # one kernel: the fp32 sum with the residual widened exactly, then rounded (3 torch launches before)
+        return epilogue(self.tp.all_reduce(out), out, residual=residual, out_sum=out_sum)
 
     def _lm_head(self, head_in, out_p, out_index):
         """The draft LM head's top-k of each row into ``out_p`` / ``out_index``. Under tensor parallelism each rank

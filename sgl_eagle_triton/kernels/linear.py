@@ -222,11 +222,22 @@ def _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, o
     """Many rows: ``x`` normalised (or rounded to the weight's dtype) once, the GEMM by cuBLAS (output in that
     dtype, bias in its epilogue: SGLang's own draft layer makes these very calls), then the other epilogues in
     one kernel."""
-    M, N = x.shape[0], out.shape[1]
     z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
     y = F.linear(z, weight, bias)
     if not silu_mul and residual is None:
         return out.copy_(y)
+    return epilogue(y, out, residual=residual, out_sum=out_sum, silu_mul=silu_mul)
+
+
+def epilogue(y: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | None = None,
+             out_sum: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
+    """:func:`linear`'s epilogues on a GEMM output already rounded to the model's dtype, in one kernel: ``y [M, N]``
+    (``[M, 2N]``, gate then up, with ``silu_mul``; unit column stride) in ``out``'s dtype; ``residual [M, N]`` in
+    that dtype (unit column stride), ``out_sum [M, N]`` fp32 contiguous (the unrounded ``y + residual``).
+    Also the row-parallel draft linears' epilogue under tensor parallelism, after the all-reduce of ``y``."""
+    M, N = out.shape
+    assert y.dtype == out.dtype and y.stride(1) == 1 and out.stride(1) == 1
+    assert out_sum is None or (residual is not None and out_sum.dtype == torch.float32 and out_sum.is_contiguous())
     block_m, block_n = 16, 128
     _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
         y, y.stride(0), residual if residual is not None else out, residual.stride(0) if residual is not None else 0,
