@@ -281,9 +281,35 @@ _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _draft_kv = witnessed(FusedDrafter.draft_kv, DRAFT_KV_FILL)
 
 
+def without_draft_metadata(backend) -> None:
+    """Turn off, on SGLang's multi-step draft decode attention ``backend`` (the instance), the metadata it computes
+    before every draft (``init_forward_metadata_out_graph`` at a CUDA-graph replay: on the triton backend the KV
+    indices of every step and the KV split counts, two Triton launches; ``init_forward_metadata`` before an eager
+    draft): the fused drafter reads each request's KV rows itself (``req_to_token``), so nothing reads them. Graph
+    capture keeps them (SGLang sets its capture buffers up there)."""
+    if backend is None:
+        return
+    capture = backend.init_forward_metadata_out_graph
+
+    def out_graph(forward_batch, in_capture: bool = False):
+        if in_capture:
+            return capture(forward_batch, in_capture=True)
+        return None
+
+    backend.init_forward_metadata_out_graph = out_graph
+    backend.init_forward_metadata = lambda forward_batch: None
+
+
 class TritonEagleDraftWorker(EagleDraftWorker):
     """SGLang's EAGLE draft worker with our fused draft forward; the verify tree it hands over is built
     by our Triton kernel."""
+
+    def init_attention_backend(self):
+        """SGLang's (once per adaptive state), less the draft decode metadata nobody reads
+        (:func:`without_draft_metadata`); draft check mode, which runs SGLang's draft beside ours, keeps it."""
+        super().init_attention_backend()
+        if not draft_check.check_file():
+            without_draft_metadata(self.draft_attn_backend)
 
     def alloc_memory_pool(self, *args, **kwargs):
         super().alloc_memory_pool(*args, **kwargs)

@@ -744,3 +744,50 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
     spec_worker = worker.EagleTritonWorkerV2()
     with pytest.raises(RuntimeError, match="not ours"):  # SGLang's plain backend: the hook did not reach it
         spec_worker.init_attention_backends()
+
+
+class MetadataBackend:
+    """A stand-in for SGLang's multi-step draft decode backend: records its metadata calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        self.calls.append(("out_graph", in_capture))
+
+    def init_forward_metadata(self, forward_batch):
+        self.calls.append(("eager", False))
+
+
+def test_the_draft_decode_metadata_nobody_reads_is_not_computed(monkeypatch):
+    """The fused drafter reads req_to_token itself: before a draft replay or an eager draft SGLang's draft decode
+    backend computes nothing (on the triton backend two Triton launches a cycle); capture still sets it up; our
+    draft worker applies it to every backend SGLang makes (once per adaptive state), except in draft check mode,
+    where SGLang's own draft runs beside ours and needs it."""
+    backend = MetadataBackend()
+    worker.without_draft_metadata(backend)
+    backend.init_forward_metadata_out_graph("fb")
+    backend.init_forward_metadata("fb")
+    backend.init_forward_metadata_out_graph("fb", in_capture=True)
+    assert backend.calls == [("out_graph", True)]
+    worker.without_draft_metadata(None)  # a backend SGLang did not make
+
+    made = []
+
+    def parent_init(self):
+        self.draft_attn_backend = MetadataBackend()
+        made.append(self.draft_attn_backend)
+
+    monkeypatch.setattr(EagleDraftWorker, "init_attention_backend", parent_init)
+    w = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    monkeypatch.delenv(config.DRAFT_CHECK_ENV, raising=False)
+    w.init_attention_backend()
+    w.init_attention_backend()  # a second adaptive state: its own backend, also without
+    for b in made:
+        b.init_forward_metadata_out_graph("fb")
+        assert b.calls == []
+    monkeypatch.setenv(config.DRAFT_CHECK_ENV, "/tmp/check.jsonl")
+    w.init_attention_backend()
+    made[-1].init_forward_metadata_out_graph("fb")
+    made[-1].init_forward_metadata("fb")
+    assert made[-1].calls == [("out_graph", False), ("eager", False)]
