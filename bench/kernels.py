@@ -1,7 +1,7 @@
 """Micro-benchmarks: our Triton kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
 
-    python -m bench.kernels [--out bench/results] [--verify-attention-only]   (on a GPU with SGLang 0.5.17, from
-                                                                             the repository root)
+    python -m bench.kernels [--out bench/results] [--verify-attention-only | --embed-shard-only]   (on a GPU with
+                                                                             SGLang 0.5.17, from the repository root)
 
 Each row times one implementation of one op, median of ``triton.testing.do_bench``: ``eager_us``
 as served (a Python call with its launches and allocations), ``graph_us`` inside a CUDA graph
@@ -22,12 +22,14 @@ import triton
 from sgl_eagle_triton import simulated_acceptance
 from sgl_eagle_triton.kernels import (
     build_tree,
+    embed_shard,
     simulated_walk,
     target_probs,
     tree_sampling,
     verify_attention,
     verify_greedy,
 )
+from sgl_eagle_triton.reference.embed_shard import embed_shard as embed_shard_torch
 from sgl_eagle_triton.testing import draft_tree, random_tree_mask
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
@@ -236,6 +238,20 @@ def bench_verify_attention(bs, steps, topk, n, prefix=MEAN_PREFIX, num_splits=No
     return {name: time_us(fn) for name, fn in impls.items()}, touched
 
 
+def bench_embed_shard(bs, steps, topk, n, ranks=4, hidden=4096):
+    """Rank 0's embedding lookup of a draft step's ``bs * topk`` rows under ``--tp 4`` (Llama-3's vocabulary, 8B
+    hidden size): ours (one kernel) vs the torch mask chain it replaced (the twin)."""
+    rows = -(-TARGET_VOCAB // ranks // 64) * 64
+    table = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, TARGET_VOCAB, (bs * topk,), device="cuda")
+    out = torch.empty(bs * topk, hidden, device="cuda", dtype=torch.bfloat16)
+    impls = {
+        "triton (ours)": lambda: embed_shard.embed_shard(ids, table, 0, rows, out),
+        "torch mask chain (before)": lambda: embed_shard_torch(ids, table, 0, rows),
+    }
+    return {name: time_us(fn) for name, fn in impls.items()}, 2 * out.numel() * out.element_size() + ids.numel() * 8
+
+
 def cases(batches):
     """(steps, topk, draft tokens, batch) of every config at every batch size."""
     return [(steps, topk, n, bs) for steps, topk, n in CONFIGS for bs in batches]
@@ -249,6 +265,7 @@ OPS = [
     ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
     ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
     ("verify_attention", bench_verify_attention, cases(BATCHES) + [(3, 1, 4, bs) for bs in BATCHES]),
+    ("embed_shard_tp4", bench_embed_shard, cases(BATCHES)),
     # long prefixes at small batches: the prefix split over several programs (the launcher's choice), and one pass
     ("verify_attention_8k", lambda bs, steps, topk, n: bench_verify_attention(bs, steps, topk, n, LONG_PREFIX),
      LONG_CASES),
@@ -276,13 +293,14 @@ def gpu_run_setup(doc: str, switches: tuple[str, ...] = (), numbers: dict[str, i
 def main():
     import sglang
 
-    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only",))
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only", "--embed-shard-only"))
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3
     rows = []
     for op, bench, op_cases in OPS:
-        if args.verify_attention_only and not op.startswith("verify_attention"):
+        if (args.verify_attention_only and not op.startswith("verify_attention")
+                or args.embed_shard_only and not op.startswith("embed_shard")):
             continue
         for steps, topk, n, bs in op_cases:
             timings, touched = bench(bs, steps, topk, n)

@@ -29,6 +29,7 @@ from sgl_eagle_triton.kernels.draft_attention import draft_attention
 from sgl_eagle_triton.kernels.draft_input import draft_input
 from sgl_eagle_triton.kernels.draft_organize import draft_organize
 from sgl_eagle_triton.kernels.draft_select import draft_select
+from sgl_eagle_triton.kernels.embed_shard import embed_shard
 from sgl_eagle_triton.kernels.linear import epilogue, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
 
@@ -341,9 +342,9 @@ class FusedDrafter:
         """Under tensor parallelism: ``[R, H]`` embedding rows of ``input_ids``, each from the rank holding it
         (masked lookups all-reduced: exact, one rank's row plus zeros)."""
         offset, valid = self.tp.embed_shard
-        local = input_ids - offset
-        mine = (local >= 0) & (local < valid)
-        rows = self.w.embed[local.clamp(0, max(valid - 1, 0))] * mine[:, None].to(self.w.dtype)
+        embed = self.w.embed
+        rows = embed_shard(input_ids, embed, offset, valid,
+                           torch.empty(input_ids.shape[0], embed.shape[1], dtype=embed.dtype, device=embed.device))
         return self.tp.all_reduce(rows)
 
     def _row_parallel(self, x, weight, out, residual, out_sum, bias=None):

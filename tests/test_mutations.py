@@ -17,6 +17,7 @@ from tests import (
     test_draft_attention,
     test_draft_select,
     test_drafter,
+    test_embed_shard,
     test_linear,
     test_lm_head_topk,
     test_rms_norm,
@@ -158,6 +159,20 @@ def test_draft_organize_unsorted_fails(monkeypatch, device):
     monkeypatch.setattr(test_draft_select, "draft_organize", broken(test_draft_select.draft_organize, corrupt))
     with pytest.raises(AssertionError):
         test_draft_select.test_draft_tree_selection(device, 1, 4, 3, 8)
+
+
+def test_embed_shard_without_its_mask_fails(monkeypatch, device):
+    """The lookup clamped into the shard but not masked: ids of other ranks read a row of this one."""
+
+    def corrupt(args, kwargs, result):
+        ids, table, offset, valid, out = args
+        local = (ids - offset).clamp(0, max(valid - 1, 0))
+        out.copy_(table[local])
+
+    monkeypatch.setattr(test_embed_shard, "embed_shard", broken(test_embed_shard.embed_shard, corrupt))
+    with pytest.raises(AssertionError):
+        test_embed_shard.test_every_rank_matches_the_twin_and_the_ranks_sum_to_the_embedding(
+            device, 7, 96, 300, 4, torch.bfloat16)
 
 
 def test_build_tree_swapping_child_and_sibling_links_fails(monkeypatch, device):
