@@ -24,6 +24,9 @@ requests of (last chunk - first) / cycles (``spec_verify_ct``, or tokens - 1 wit
 does count them; ``chunks_per_cycle`` is 1.0 unless outputs were coalesced. Acceptance with random weights
 is ~1, which changes token ids but not cost.
 
+With ``--server-env SGLANG_EAGLE_TRITON_CYCLE_TIMING=N`` every server (stock ones too) logs its ranks' decode-step
+timing; rows keep each rank's means after the warm-up request (``cycle_timing``, :func:`cycle_timing_by_rank`).
+
 Breakdown (``--profile-steps N``, default 20; 0 disables it): after the timed batch, the same load runs
 again under SGLang's torch profiler (``POST /start_profile`` for N forward passes); the trace lands in
 ``<workdir>/traces/<server>-b<batch>/`` and :mod:`bench.trace_breakdown` turns it into per-cycle costs of
@@ -51,6 +54,7 @@ from pathlib import Path
 from bench.interleave import SHARED_GPU_FLAGS, combine_runs, measurement_order
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
+from sgl_eagle_triton.cycle_timing import parse_summaries
 from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,14 +178,45 @@ def random_prompts(batch: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
 
 
-def measure(url: str, batch: int, seed: int = 0) -> dict:
+def measure(url: str, batch: int, seed: int = 0, after_warm_up=None) -> dict:
+    """One warm-up request, then ``batch`` concurrent ones (``after_warm_up()`` called between)."""
     prompts = random_prompts(batch, seed)
     timed_request(url, prompts[0])  # warm-up
+    if after_warm_up is not None:
+        after_warm_up()
     with ThreadPoolExecutor(batch) as pool:
         results = list(pool.map(lambda p: timed_request(url, p), prompts))
     accept = [r["meta"].get("spec_accept_length", 1.0) for r in results]
     return {"cycle_ms": cycle_ms(results), "mean_cycle_ms": mean_cycle_ms(results),
             "chunks_per_cycle": chunks_per_cycle(results), "accept_length": statistics.mean(accept)}
+
+
+def cycle_timing_by_rank(log_text: str) -> dict | None:
+    """``{rank: {host_period, host_in_forward, gpu_step, gpu_idle}}`` (ms, each summary line weighted by its decode
+    steps, or by its paired steps for the period and the idle) of the ``SGLANG_EAGLE_TRITON_CYCLE_TIMING`` lines in
+    a slice of a server's log; None without any (the variable unset, or too few decode steps)."""
+    by_rank: dict = {}
+    for line in parse_summaries(log_text):
+        by_rank.setdefault(line["rank"], []).append(line)
+    if not by_rank:
+        return None
+
+    def mean(lines, key, weight):
+        pairs = [(line[key], line[weight]) for line in lines if line[key] is not None and line[weight]]
+        total = sum(w for _, w in pairs)
+        return round(sum(v * w for v, w in pairs) / total, 3) if total else None
+
+    return {rank: {key: mean(lines, key, "paired" if key in ("host_period", "gpu_idle") else "steps")
+                   for key in ("host_period", "host_in_forward", "gpu_step", "gpu_idle")}
+            for rank, lines in sorted(by_rank.items())}
+
+
+def timed_measure(server: Server, batch: int) -> dict:
+    """:func:`measure`, with ``cycle_timing`` (:func:`cycle_timing_by_rank`) of the log lines the server wrote from
+    the end of the warm-up request on."""
+    mark = {}
+    result = measure(server.url, batch, after_warm_up=lambda: mark.setdefault("at", len(server.log())))
+    return {**result, "cycle_timing": cycle_timing_by_rank(server.log()[mark.get("at", 0):])}
 
 
 def trace_rank(path: Path) -> int:
@@ -267,7 +302,26 @@ def report(rows: list[dict]) -> str:
         shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[1:4])
         lines.append(f"| {flags or '-'} | {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | "
                      f"{draft} | {draft_vs_stock} | {vs_nospec} | {projected} |")
-    return "\n".join(lines) + "\n" + breakdown(rows)
+    return "\n".join(lines) + "\n" + breakdown(rows) + timing_table(rows)
+
+
+def timing_table(rows: list[dict]) -> str:
+    """Markdown: each rank's ``SGLANG_EAGLE_TRITON_CYCLE_TIMING`` means per row (each run of an interleaved row)."""
+    lines = []
+    for r in rows:
+        runs = r.get("cycle_timing")
+        for run, timing in enumerate(runs if isinstance(runs, list) else [runs]):
+            for rank, t in (timing or {}).items():
+                cells = " | ".join("-" if t[k] is None else f"{t[k]:.2f}"
+                                   for k in ("host_period", "host_in_forward", "gpu_step", "gpu_idle"))
+                lines.append(f"| {r['system']} | {r['steps']},{r['topk']},{r['draft_tokens']} | {r['batch']} | "
+                             f"{run + 1} | {rank} | {cells} |")
+    if not lines:
+        return ""
+    return "\n".join(["", "Cycle timing (SGLANG_EAGLE_TRITON_CYCLE_TIMING, ms per decode step, every rank; under "
+                      "overlap scheduling host period = GPU step + idle when the GPU waits for the host):", "",
+                      "| system | steps,topk,n | batch | run | rank | host period | host in forward | GPU step | "
+                      "GPU idle |", "|---|---|---|---|---|---|---|---|---|", *lines]) + "\n"
 
 
 BREAKDOWN_STAGES = ("draft", "draft_extend", "verify_forward", "decode")
@@ -412,7 +466,7 @@ def main(argv=None):
             server.wait_ready(900)
             attention = verify_attention(server)
             for batch in args.batches:
-                result = measure(server.url, batch)
+                result = timed_measure(server, batch)
                 stages, by_rank = {}, []
                 if args.profile_steps:
                     try:
@@ -459,12 +513,13 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
         for i, batch in enumerate(args.batches):
             runs: dict = {}
             for entry in measurement_order(ready, i, args.repeats):
-                result = measure(entry[2].url, batch)
+                result = timed_measure(entry[2], batch)
                 runs.setdefault(entry[2].name, []).append(result)
                 print(entry[2].name, batch, result, flush=True)
             for system, config, server, attention in ready:
                 result = combine_runs(runs[server.name], keep="cycle_ms",
                                       mean=("cycle_ms", "mean_cycle_ms", "chunks_per_cycle", "accept_length"))
+                result["cycle_timing"] = [run["cycle_timing"] for run in runs[server.name]]  # each run's
                 rows.append(row(system, config, batch, meta, attention, result))
             save(args.out, rows)
     finally:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections import deque
 
@@ -87,6 +88,25 @@ class CycleTiming:
                 f"another): host period {per_pair('host_period')} ({self.sums['host_in_forward'] / steps:.2f} ms in "
                 f"forward_batch_generation), gpu step {self.sums['gpu_step'] / steps:.2f} ms + idle "
                 f"{per_pair('gpu_idle')}")
+
+
+_SUMMARY = re.compile(
+    r"(?P<name>\S+) cycle timing, rank (?P<rank>\d+), (?P<steps>\d+) decode steps \((?P<paired>\d+) after "
+    r"another\): host period (?P<host_period>n/a|[\d.]+ ms) \((?P<host_in_forward>[\d.]+) ms in "
+    r"forward_batch_generation\), gpu step (?P<gpu_step>[\d.]+) ms \+ idle (?P<gpu_idle>n/a|[\d.]+ ms)")
+
+
+def parse_summaries(text: str) -> list[dict]:
+    """Every :meth:`CycleTiming.summary` line in ``text`` (e.g. a server log): ``name`` (the algorithm), ``rank``,
+    ``steps``, ``paired`` and ``host_period`` / ``host_in_forward`` / ``gpu_step`` / ``gpu_idle`` in ms (None where
+    the line says n/a)."""
+
+    def ms(value: str):
+        return None if value == "n/a" else float(value.removesuffix(" ms"))
+
+    return [dict(name=m["name"], rank=int(m["rank"]), steps=int(m["steps"]), paired=int(m["paired"]),
+                 **{key: ms(m[key]) for key in ("host_period", "host_in_forward", "gpu_step", "gpu_idle")})
+            for m in _SUMMARY.finditer(text)]
 
 
 def timed_forward(forward, every: int, make_timing=CycleTiming):

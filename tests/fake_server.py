@@ -5,10 +5,10 @@ starts (its flags), waits for and stops, in order."""
 class ServerLog:
     """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
     argument list), ``events`` (``("start" | "ready" | "stop", name)`` in order) and ``stopped`` (names);
-    ``/server_info`` answers ``state`` as its ``internal_states[0]``."""
+    ``/server_info`` answers ``state`` as its ``internal_states[0]``, ``log()`` ``log_text``."""
 
-    def __init__(self, state: dict | None = None):
-        self.started, self.events, self.stopped, self.state = [], [], [], state or {}
+    def __init__(self, state: dict | None = None, log_text: str = ""):
+        self.started, self.events, self.stopped, self.state, self.log_text = [], [], [], state or {}, log_text
 
     def server_class(self):
         log = self
@@ -24,6 +24,9 @@ class ServerLog:
 
             def get_json(self, path):
                 return {"internal_states": [log.state]}
+
+            def log(self):
+                return log.log_text
 
             def stop(self):
                 log.stopped.append(self.name)

@@ -223,7 +223,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
 
     measured, servers = [], ServerLog()
 
-    def measure(url, batch):
+    def measure(url, batch, after_warm_up=None):
         measured.append((url, batch))
         n = float(len(measured))
         return {"cycle_ms": n, "mean_cycle_ms": 2 * n, "chunks_per_cycle": 1.0, "accept_length": 1.0}
@@ -280,8 +280,8 @@ def test_interleave_stops_a_server_that_failed_to_start_at_once(tmp_path, monkey
             super().wait_ready(timeout_s)
 
     monkeypatch.setattr(serve, "Server", FailingStart)
-    monkeypatch.setattr(serve, "measure", lambda url, batch: {"cycle_ms": 1.0, "mean_cycle_ms": 1.0,
-                                                               "chunks_per_cycle": 1.0, "accept_length": 1.0})
+    monkeypatch.setattr(serve, "measure", lambda url, batch, after_warm_up=None: {
+        "cycle_ms": 1.0, "mean_cycle_ms": 1.0, "chunks_per_cycle": 1.0, "accept_length": 1.0})
     monkeypatch.setattr(serve, "write_models", lambda workdir, model: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(serve, "plot", lambda rows, path: None)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
@@ -292,3 +292,32 @@ def test_interleave_stops_a_server_that_failed_to_start_at_once(tmp_path, monkey
     assert {r["system"] for r in json.loads((tmp_path / "s.json").read_text())} == {"eagle_triton"}
     with pytest.raises(SystemExit, match="no server started"):
         serve.main([*argv, "--systems", "eagle3"])
+
+
+def _timing_line(name, rank, steps, paired, period, forward, step, idle):
+    return (f"[t TP{rank}] {name} cycle timing, rank {rank}, {steps} decode steps ({paired} after another): host "
+            f"period {period} ({forward} ms in forward_batch_generation), gpu step {step} ms + idle {idle}\n")
+
+
+def test_rows_keep_every_ranks_cycle_timing_from_after_the_warm_up(monkeypatch):
+    """With SGLANG_EAGLE_TRITON_CYCLE_TIMING set on the servers, a row keeps each rank's means over the summary
+    lines its server logged after the warm-up request (weighted by steps; by paired steps for the period and the
+    idle; n/a left out); the report lists them. Lines of the warm-up do not count."""
+    servers = ServerLog(log_text=_timing_line("EAGLE3", 0, 100, 100, "9.00 ms", 9.0, 9.0, "9.00 ms"))
+    server = servers.server_class()("eagle3-3-1-4", "m", [], "/tmp")
+
+    def measure(url, batch, after_warm_up=None):
+        after_warm_up()
+        servers.log_text += (_timing_line("EAGLE3", 0, 100, 100, "5.00 ms", 3.0, 4.0, "1.00 ms")
+                             + _timing_line("EAGLE3", 1, 100, 100, "5.00 ms", 2.0, 4.5, "0.50 ms")
+                             + _timing_line("EAGLE3", 0, 300, 0, "n/a", 4.0, 5.0, "n/a"))
+        return {"cycle_ms": 5.0}
+
+    monkeypatch.setattr(serve, "measure", measure)
+    result = serve.timed_measure(server, 8)
+    assert result["cycle_timing"] == {
+        0: dict(host_period=5.0, host_in_forward=3.75, gpu_step=4.75, gpu_idle=1.0),
+        1: dict(host_period=5.0, host_in_forward=2.0, gpu_step=4.5, gpu_idle=0.5)}
+    assert serve.cycle_timing_by_rank("no timing here") is None
+    table = serve.timing_table([{**row("eagle3", 8, 5.0, (3, 1, 4)), "cycle_timing": result["cycle_timing"]}])
+    assert "| eagle3 | 3,1,4 | 8 | 1 | 0 | 5.00 | 3.75 | 4.75 | 1.00 |" in table

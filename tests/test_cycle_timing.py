@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from sgl_eagle_triton import config, cycle_timing, plugin
-from sgl_eagle_triton.cycle_timing import CycleTiming, timed_forward
+from sgl_eagle_triton.cycle_timing import CycleTiming, parse_summaries, timed_forward
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -114,3 +114,24 @@ def test_our_worker_is_timed_through_the_parent_it_calls(monkeypatch):
                             is_extend_in_batch=False)
     assert w.forward_batch_generation(batch) == "out" and calls == ["parent"]
     assert w._cycle_timing.name == "EAGLE_TRITON" and w._cycle_timing.rank == 1 and w._cycle_timing.every == 7
+
+
+def test_summaries_parse_back_from_a_log():
+    """parse_summaries reads what summary() writes (so benchmarks can fold a server log into rows), n/a as None."""
+    gpu, host, logged = FakeGpu(), [0.0], []
+    timing = CycleTiming(2, rank=1, event=gpu.event, clock=lambda: host[0] / 1e3, log=logged.append, name="EAGLE3")
+    for _ in range(2):
+        gpu.now = max(gpu.now, host[0])
+        timing.step(lambda: (host.__setitem__(0, host[0] + 1.5), setattr(gpu, "now", gpu.now + 4.0)))
+        host[0] += 3.5
+    gpu.done = 1e9
+    timing.break_chain()
+    timing.step(lambda: None)
+    log = "[2026-11-27 17:53:43 TP1] " + logged[0] + "\n[x] Decode batch, #running-req: 1\n"
+    log += "[y] EAGLE_TRITON cycle timing, rank 0, 3 decode steps (0 after another): host period n/a (2.00 ms in "
+    log += "forward_batch_generation), gpu step 6.00 ms + idle n/a\n"
+    assert parse_summaries(log) == [
+        dict(name="EAGLE3", rank=1, steps=2, paired=1, host_period=5.0, host_in_forward=1.5, gpu_step=4.0,
+             gpu_idle=1.0),
+        dict(name="EAGLE_TRITON", rank=0, steps=3, paired=0, host_period=None, host_in_forward=2.0, gpu_step=6.0,
+             gpu_idle=None)]
