@@ -241,7 +241,7 @@ def bench_verify_attention(bs, steps, topk, n, prefix=MEAN_PREFIX, num_splits=No
 def bench_embed_shard(bs, steps, topk, n, ranks=4, hidden=4096):
     """Rank 0's embedding lookup of a draft step's ``bs * topk`` rows under ``--tp 4`` (Llama-3's vocabulary, 8B
     hidden size): ours (one kernel) vs the torch mask chain it replaced (the twin)."""
-    rows = -(-TARGET_VOCAB // ranks // 64) * 64
+    rows = -(-TARGET_VOCAB // 64) * 64 // ranks  # SGLang: the vocabulary padded to 64, then split
     table = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, TARGET_VOCAB, (bs * topk,), device="cuda")
     out = torch.empty(bs * topk, hidden, device="cuda", dtype=torch.bfloat16)
@@ -249,7 +249,9 @@ def bench_embed_shard(bs, steps, topk, n, ranks=4, hidden=4096):
         "triton (ours)": lambda: embed_shard.embed_shard(ids, table, 0, rows, out),
         "torch mask chain (before)": lambda: embed_shard_torch(ids, table, 0, rows),
     }
-    return {name: time_us(fn) for name, fn in impls.items()}, 2 * out.numel() * out.element_size() + ids.numel() * 8
+    # every row written, about one in ``ranks`` read (the others are another rank's: zeros), the ids
+    return ({name: time_us(fn) for name, fn in impls.items()},
+            out.numel() * out.element_size() * (1 + 1 / ranks) + ids.numel() * 8)
 
 
 def cases(batches):

@@ -17,10 +17,10 @@ def _table(rows, H, dtype, seed):
                                                (5, 2048, 130, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_rank_matches_the_twin_and_the_ranks_sum_to_the_embedding(device, R, H, vocab, ranks, dtype):
-    """Ids spread over every rank's shard (and the last rank's padding rows, ``valid`` < its row count: SGLang pads
-    the vocabulary to a multiple of 64): each rank's rows equal the twin's exactly; summed over the ranks, the whole
-    table's rows. H not a multiple of the block (96, 1000); batch 1."""
-    per_rank = -(-vocab // ranks // 64) * 64  # SGLang's padded shard
+    """Ids spread over every rank's shard (row counts not multiples of 64, e.g. 80 and 48; the last rank's padding
+    rows, ``valid`` < its row count, and a rank of padding only): each rank's rows equal the twin's exactly; summed
+    over the ranks, the whole table's rows. H not a multiple of the block (96, 1000); batch 1."""
+    per_rank = -(-vocab // 64) * 64 // ranks  # SGLang pads the vocabulary to a multiple of 64, then splits it
     full = _table(vocab, H, dtype, seed=R * H)
     gen = torch.Generator().manual_seed(vocab + R)
     ids = torch.randint(0, vocab, (R,), generator=gen)

@@ -25,11 +25,12 @@ def _embed_shard_kernel(ids_ptr, table_ptr, out_ptr, offset, valid, H: tl.conste
 
 
 def embed_shard(ids: torch.Tensor, table: torch.Tensor, offset: int, valid: int, out: torch.Tensor) -> torch.Tensor:
-    """ids: [R] int64 (whole-vocabulary ids); table: [V_rank, H] this rank's embedding rows (bf16 / fp16,
+    """ids: [R] int64 contiguous (whole-vocabulary ids); table: [V_rank, H] this rank's embedding rows (bf16 / fp16,
     contiguous; rows ``valid`` and on are padding); out: [R, H] in the table's dtype, contiguous. Returns ``out``:
     row ``r`` is ``table[ids[r] - offset]`` where ``0 <= ids[r] - offset < valid``, else zeros."""
     R, H = out.shape
-    assert ids.shape == (R,) and ids.dtype == torch.int64 and table.shape[1] == H and table.is_contiguous()
+    assert ids.shape == (R,) and ids.dtype == torch.int64 and ids.is_contiguous()
+    assert table.shape[1] == H and table.is_contiguous()
     assert out.dtype == table.dtype and out.is_contiguous() and 0 <= valid <= table.shape[0]
     block = min(1024, triton.next_power_of_2(H))
     _embed_shard_kernel[(R, triton.cdiv(H, block))](ids, table, out, offset, valid, H=H, BLOCK=block,

@@ -237,6 +237,7 @@ def epilogue(y: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | Non
     Also the row-parallel draft linears' epilogue under tensor parallelism, after the all-reduce of ``y``."""
     M, N = out.shape
     assert y.dtype == out.dtype and y.stride(1) == 1 and out.stride(1) == 1
+    assert residual is None or (residual.dtype == out.dtype and residual.stride(1) == 1)
     assert out_sum is None or (residual is not None and out_sum.dtype == torch.float32 and out_sum.is_contiguous())
     block_m, block_n = 16, 128
     _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
