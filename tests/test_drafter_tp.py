@@ -28,8 +28,9 @@ SCORE_RTOL = 0.03
 def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_widths: list) -> TensorParallel:
     """This process's rank of a gloo group standing in for SGLang's TP group: all-reduce as a gather of every rank's
     part summed in rank order (deterministic; one rounding to the part's dtype, as an all-reduce of two parts),
-    returned as a new tensor with the input overwritten by NaN (SGLang's custom all-reduce returns a new tensor; a
-    caller that read its input after the all-reduce would get a rank's part, not the sum)."""
+    returned, on every other call, as a new tensor with the input overwritten by NaN (SGLang's custom all-reduce
+    returns a new tensor; a caller that read its input after the all-reduce would get a rank's part, not the sum),
+    and in place otherwise (SGLang's NCCL path: a caller aliasing the result and its output must still be right)."""
     import torch.distributed as dist
 
     def gather(t):
@@ -37,11 +38,16 @@ def gloo_member(rank: int, size: int, embed_shard, lm_head_shard, gathered_width
         dist.all_gather(parts, t.contiguous())
         return parts
 
+    calls = [0]
+
     def all_reduce(t):
         parts = gather(t.float().cpu())
         total = parts[0]
         for part in parts[1:]:
             total = total + part
+        calls[0] += 1
+        if calls[0] % 2:  # in place, as SGLang's NCCL path: the input holds the sum and is returned
+            return t.copy_(total.to(t.dtype))
         t.fill_(float("nan"))
         return total.to(t.dtype).to(t.device)
 
