@@ -52,7 +52,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import SHARED_GPU_FLAGS, combine_runs, measurement_order
+from bench.interleave import bring_up, combine_runs, measure_in_turn
 from bench.serve import (
     MAX_NEW_TOKENS,
     line_plot,
@@ -373,36 +373,23 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     servers start first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and
     capturing on the same GPU would disturb), the others together once those are ready. A server that fails to start
     is left out; one that fails while serving stops the sweep with the rows so far saved."""
-    cost_first = sorted(servers, key=lambda s: not str(SYSTEMS[s[0]][1]).startswith("cost"))
-    started, ready, rows = [], [], []
+    def is_cost(entry):
+        return str(SYSTEMS[entry[0]][1]).startswith("cost")
+
+    started, rows = [], []
     try:
-        for phase in (True, False):
-            group = [(system, shape, start(system, shape, SHARED_GPU_FLAGS)) for system, shape in cost_first
-                     if str(SYSTEMS[system][1]).startswith("cost") == phase]
-            started += group
-            for system, shape, server in group:
-                try:
-                    server.wait_ready(900)
-                    ready.append((system, shape, server, verify_attention(server)))
-                except Exception as e:  # stopped at once: it would hold GPU memory while the others are measured
-                    print(f"{server.name}: {e!r}", flush=True)
-                    server.stop()
-        if not ready:
-            raise SystemExit("bench.adaptive --interleave: no server started")
+        ready = bring_up([[s for s in servers if is_cost(s)], [s for s in servers if not is_cost(s)]], start,
+                         verify_attention, started)
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
-            runs: dict = {}
-            for entry in measurement_order(ready, i, args.repeats):
-                result = measure(entry[2].url, batch, True)
-                runs.setdefault(entry[2].name, []).append(result)
-                print(entry[2].name, batch, result, flush=True)
+            runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n: measure(server.url, n, True))
             for system, shape, server, attention in ready:
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")
                 rows.append(row(system, shape, batch, meta, attention, result))
             save(args.out, rows)
     finally:
-        for *_, server in started:
+        for server in started:
             server.stop()
 
 

@@ -28,3 +28,39 @@ def combine_runs(runs: list[dict], mean: tuple[str, ...], longest: tuple[str, ..
     every run's ``keep`` value; any other key as the first run has it."""
     return {**runs[0], **{k: sum(r[k] for r in runs) / len(runs) for k in mean},
             **{k: max(r[k] for r in runs) for k in longest}, "runs": [r[keep] for r in runs]}
+
+
+def bring_up(groups: list[list[tuple]], start, attention_of, started: list) -> list[tuple]:
+    """Starts every ``(system, shape)`` of each group with :data:`SHARED_GPU_FLAGS` (``start(system, shape, flags)``
+    -> a ``Server``), a group all at once and the next once the group is up (a group of one: one after another).
+    Every server started goes into ``started`` (the caller stops them all in the end); one that fails to start is
+    stopped at once (it would hold GPU memory while the others are measured) and left out. Returns the ready ones as
+    ``(system, shape, server, attention_of(server))``; none ready ends the sweep."""
+    ready = []
+    for group in groups:
+        launched = []
+        for system, shape in group:
+            launched.append((system, shape, start(system, shape, SHARED_GPU_FLAGS)))
+            started.append(launched[-1][2])
+        for system, shape, server in launched:
+            try:
+                server.wait_ready(900)
+                ready.append((system, shape, server, attention_of(server)))
+            except Exception as e:
+                print(f"{server.name}: {e!r}", flush=True)
+                server.stop()
+    if not ready:
+        raise SystemExit("--interleave: no server started")
+    return ready
+
+
+def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: int, measure_one
+                    ) -> dict[str, list[dict]]:
+    """Each ready server's runs of the ``batch_index``-th batch, of ``batch`` requests (``measure_one(server,
+    batch)``), in :func:`measurement_order`, by server name."""
+    runs: dict = {}
+    for entry in measurement_order(ready, batch_index, repeats):
+        result = measure_one(entry[2], batch)
+        runs.setdefault(entry[2].name, []).append(result)
+        print(entry[2].name, batch, result, flush=True)
+    return runs

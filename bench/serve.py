@@ -51,7 +51,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import SHARED_GPU_FLAGS, combine_runs, measurement_order
+from bench.interleave import SHARED_GPU_FLAGS, bring_up, combine_runs, measure_in_turn
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.cycle_timing import parse_summaries
@@ -497,25 +497,11 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     alternating order; a row keeps the mean of the runs (``cycle_ms``, ``mean_cycle_ms``, ``chunks_per_cycle``,
     ``accept_length``) and every cycle (``runs``). No profiling. A server that fails to start is left out; one
     that fails while serving stops the sweep with the rows so far saved."""
-    started, ready, rows = [], [], []
+    started, rows = [], []
     try:
-        for system, config in servers:
-            server = start(system, config, SHARED_GPU_FLAGS)
-            started.append(server)
-            try:
-                server.wait_ready(900)
-                ready.append((system, config, server, verify_attention(server)))
-            except Exception as e:  # stopped at once: it would hold GPU memory while the others are measured
-                print(f"{server.name}: {e!r}", flush=True)
-                server.stop()
-        if not ready:
-            raise SystemExit("bench.serve --interleave: no server started")
+        ready = bring_up([[s] for s in servers], start, verify_attention, started)
         for i, batch in enumerate(args.batches):
-            runs: dict = {}
-            for entry in measurement_order(ready, i, args.repeats):
-                result = timed_measure(entry[2], batch)
-                runs.setdefault(entry[2].name, []).append(result)
-                print(entry[2].name, batch, result, flush=True)
+            runs = measure_in_turn(ready, i, batch, args.repeats, timed_measure)
             for system, config, server, attention in ready:
                 result = combine_runs(runs[server.name], keep="cycle_ms",
                                       mean=("cycle_ms", "mean_cycle_ms", "chunks_per_cycle", "accept_length"))
