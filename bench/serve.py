@@ -51,7 +51,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import SHARED_GPU_FLAGS, bring_up, combine_runs, measure_in_turn
+from bench.interleave import SHARED_GPU_ENV, SHARED_GPU_FLAGS, bring_up, combine_runs, measure_in_turn
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.cycle_timing import parse_summaries
@@ -412,6 +412,7 @@ def parse_args(argv=None):
     args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
     if args.interleave:  # its rows (capped KV pools, servers side by side) never replace rows of servers run alone
         args.flags = " ".join([args.flags, *SHARED_GPU_FLAGS]).strip()
+        args.env = {**SHARED_GPU_ENV, **args.env}
     for steps, topk, n in args.configs:
         if topk == 1 and n != steps + 1:
             parser.error(f"topk 1 needs draft tokens = steps + 1, got {steps},{topk},{n}")

@@ -6,15 +6,19 @@ from bench import drafter, kernels
 
 
 def test_markdown_table_has_one_line_per_case():
+    """One line per op and case, ours over the comparator: stock's op, or for an op with no stock twin (embed_shard,
+    `--embed-shard-only`) the torch code it replaced, "(before)"."""
     rows = []
-    for impl, eager in (("triton (ours)", 5.0), ("sgl-kernel CUDA (stock)", 10.0)):
-        for bs in (1, 8):
-            rows.append(dict(op="build_tree", impl=impl, steps=5, topk=4, draft_tokens=16, batch=bs, eager_us=eager,
-                             graph_us=eager / 2, graph_over_floor=100.0, sglang_version="0.5.17"))
+    for op, other in (("build_tree", "sgl-kernel CUDA (stock)"), ("embed_shard_tp4", "torch mask chain (before)")):
+        for impl, eager in (("triton (ours)", 5.0), (other, 10.0)):
+            for bs in (1, 8):
+                rows.append(dict(op=op, impl=impl, steps=5, topk=4, draft_tokens=16, batch=bs, eager_us=eager,
+                                 graph_us=eager / 2, graph_over_floor=100.0, sglang_version="0.5.17"))
     table = kernels.markdown(rows, "GPU X", 3e12, 4.0)
     assert "# Tree kernels on GPU X, SGLang 0.5.17" in table
-    lines = [line for line in table.splitlines() if line.startswith("| build_tree")]
-    assert len(lines) == 2 and all("| 0.50 |" in line for line in lines)
+    for op in ("build_tree", "embed_shard_tp4"):
+        lines = [line for line in table.splitlines() if line.startswith(f"| {op} ")]
+        assert len(lines) == 2 and all("| 0.50 |" in line for line in lines)
 
 
 def test_drafter_markdown():

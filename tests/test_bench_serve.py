@@ -219,7 +219,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     """``--interleave``: the servers start one after another with the shared-GPU flags and stay up; per batch each
     is measured once in one order and once in the reverse, the first order alternating between batches; a row is the
     mean of its two runs and keeps both cycles. No profiling: asking for it is refused."""
-    from bench.interleave import SHARED_GPU_FLAGS
+    from bench.interleave import SHARED_GPU_ENV, SHARED_GPU_FLAGS
 
     measured, servers = [], ServerLog()
 
@@ -244,6 +244,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     assert servers.events[:4] == [("start", "eagle3-3-1-4"), ("ready", "eagle3-3-1-4"), ("start", "eagle_triton-3-1-4"),
                       ("ready", "eagle_triton-3-1-4")]  # one after another: each profiles the memory left
     assert all(a[-len(SHARED_GPU_FLAGS):] == SHARED_GPU_FLAGS for a in servers.started)
+    assert all(env.items() >= SHARED_GPU_ENV.items() for env in servers.envs)  # the later server passes SGLang's check
     assert measured == [("eagle3-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle_triton-3-1-4", 1), ("eagle3-3-1-4", 1),
                         ("eagle_triton-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle3-3-1-4", 8), ("eagle_triton-3-1-4", 8)]
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
