@@ -52,7 +52,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import bring_up, combine_runs, measure_in_turn
+from bench.interleave import bring_up, combine_runs, measure_in_turn, paired_line, paired_ratio
 from bench.serve import (
     MAX_NEW_TOKENS,
     line_plot,
@@ -250,7 +250,28 @@ def report(rows: list[dict]) -> str:
             gap = f"{r['longest_gap_ms']:.0f}" if "longest_gap_ms" in r else "-"  # older rows have none
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + paired_table(by_batch)
+
+
+def paired_table(by_batch: dict) -> str:
+    """Markdown: for interleaved rows (``runs``), each cost policy's tok/s over every other system of its batch and
+    card, run by run (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
+    lines = []
+    for (batch, _), group in sorted(by_batch.items()):
+        for r in group:
+            if not str(SYSTEMS.get(r["system"], (None, None))[1]).startswith("cost"):
+                continue
+            for other in sorted(group, key=lambda o: -o["tok_per_s"]):
+                p = (paired_ratio(r.get("runs", []), other.get("runs", []))
+                     if other is not r and card(other) == card(r) else None)
+                if p:
+                    lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
+    if not lines:
+        return ""
+    return "\n".join(["", "Run by run (interleaved: run i of every server in the same repeat, next to each other in "
+                      "time), tok/s ratios, their geometric mean and its 90 % t-interval:", "",
+                      "| batch | systems | runs | geometric mean | 90 % interval |", "|---|---|---|---|---|",
+                      *lines]) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -8,6 +8,9 @@ face the same host."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 # Several servers on the same GPUs, one serving at a time (servers of several ranks serving at once on shared cards
 # stall one another: docs/gpu.md): a capped KV pool (each profiles the memory the ones before it left; with many
 # large servers a late one may get less than the cap, e.g. two 70B --tp 4 servers fit H200s, not H100s) and
@@ -68,3 +71,28 @@ def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: i
         runs.setdefault(entry[2].name, []).append(result)
         print(entry[2].name, batch, result, flush=True)
     return runs
+
+
+# Student's t, two-sided 90 % (the 0.95 quantile), by degrees of freedom; beyond the table the normal's 1.645
+T_90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
+        11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740, 18: 1.734, 19: 1.729, 20: 1.725}
+
+
+def paired_ratio(a: list[float], b: list[float]) -> dict | None:
+    """``a`` over ``b`` run by run (run i of both servers belongs to the same repeat of :func:`measurement_order`:
+    measured next to each other, so a slow spell of the host moves both): the ratios, their geometric mean and a
+    90 % t-interval of it (over the log ratios). None with fewer than two pairs or unequal run counts."""
+    if len(a) != len(b) or len(a) < 2:
+        return None
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    logs = [math.log(x) for x in ratios]
+    mean, n = statistics.mean(logs), len(logs)
+    half = T_90.get(n - 1, 1.645) * statistics.stdev(logs) / math.sqrt(n)
+    return {"ratios": ratios, "geomean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
+            "pairs": n}
+
+
+def paired_line(label: str, batch, p: dict) -> str:
+    """One markdown row of a :func:`paired_ratio` result."""
+    runs = " / ".join(f"{x:.2f}" for x in p["ratios"])
+    return f"| {batch} | {label} | {runs} | {p['geomean']:.3f} | {p['low']:.3f}–{p['high']:.3f} |"

@@ -51,7 +51,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import SHARED_GPU_ENV, SHARED_GPU_FLAGS, bring_up, combine_runs, measure_in_turn
+from bench.interleave import (
+    SHARED_GPU_ENV,
+    SHARED_GPU_FLAGS,
+    bring_up,
+    combine_runs,
+    measure_in_turn,
+    paired_line,
+    paired_ratio,
+)
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.cycle_timing import parse_summaries
@@ -302,7 +310,24 @@ def report(rows: list[dict]) -> str:
         shape = "-" if r["system"] == "nospec" else "{},{},{}".format(*cfg[1:4])
         lines.append(f"| {flags or '-'} | {name} | {shape} | {r['batch']} | {r['cycle_ms']:.2f} | {vs_stock} | "
                      f"{draft} | {draft_vs_stock} | {vs_nospec} | {projected} |")
-    return "\n".join(lines) + "\n" + breakdown(rows) + timing_table(rows)
+    return "\n".join(lines) + "\n" + paired_table(rows, stock_rows) + breakdown(rows) + timing_table(rows)
+
+
+def paired_table(rows: list[dict], stock_rows: dict) -> str:
+    """Markdown: for interleaved rows (``runs``), our cycle over stock's run by run
+    (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
+    lines = []
+    for r in rows:
+        stock = stock_rows.get((r.get("flags", ""), r["steps"], r["topk"], r["draft_tokens"], r["batch"]))
+        p = paired_ratio(r.get("runs", []), stock.get("runs", [])) if r["system"] == "eagle_triton" and stock else None
+        if p:
+            lines.append(paired_line("{},{},{}".format(r["steps"], r["topk"], r["draft_tokens"]), r["batch"], p))
+    if not lines:
+        return ""
+    return "\n".join(["", "Run by run (interleaved: run i of both servers in the same repeat, next to each other in "
+                      "time), ours / stock cycle, the geometric mean and its 90 % t-interval:", "",
+                      "| batch | steps,topk,n | runs | geometric mean | 90 % interval |", "|---|---|---|---|---|",
+                      *lines]) + "\n"
 
 
 def timing_table(rows: list[dict]) -> str:

@@ -191,3 +191,5 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     assert rows["nospec", 1]["runs"] == [1.0, 4.0] and rows["nospec", 1]["tok_per_s"] == 2.5
     assert rows["eagle_triton_cost", 4]["runs"] == [5.0, 8.0] and rows["eagle_triton_cost", 4]["tok_per_s"] == 6.5
     assert sorted(servers.stopped) == ["eagle_triton_cost", "nospec"]
+    # run by run: the cost policy's run i over no-spec's run i (2 / 1, 3 / 4), their geometric mean
+    assert "| 1 | eagle_triton_cost / nospec | 2.00 / 0.75 | 1.225 |" in out.with_suffix(".md").read_text()

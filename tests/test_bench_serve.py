@@ -253,6 +253,23 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     assert {r["tp"] for r in rows.values()} == {4}
     assert {r["flags"] for r in rows.values()} == {" ".join(["--tp-size 4", *SHARED_GPU_FLAGS])}  # not run alone
     assert sorted(servers.stopped) == ["eagle3-3-1-4", "eagle_triton-3-1-4"]
+    # run by run: our cycle i over stock's cycle i (2 / 1, 3 / 4 at batch 1), their geometric mean
+    assert "| 1 | 3,1,4 | 2.00 / 0.75 | 1.225 |" in out.with_suffix(".md").read_text()
+
+
+def test_paired_ratio_pairs_runs_of_the_same_repeat():
+    """Run i over run i, the geometric mean and a 90 % t-interval over the log ratios: exact where every pair
+    agrees, wide for two pairs that disagree (t 6.31 at one degree of freedom), none without pairs to compare."""
+    from bench.interleave import paired_ratio
+
+    same = paired_ratio([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
+    assert same["ratios"] == [2.0, 2.0, 2.0] and same["pairs"] == 3
+    assert same["geomean"] == pytest.approx(2.0) and same["low"] == pytest.approx(2.0)
+    assert same["high"] == pytest.approx(2.0)
+    wide = paired_ratio([2.0, 3.0], [1.0, 4.0])
+    assert wide["geomean"] == pytest.approx(1.5 ** 0.5)
+    assert wide["low"] == pytest.approx(0.0554, abs=1e-3) and wide["high"] == pytest.approx(27.1, rel=1e-2)
+    assert paired_ratio([1.0], [1.0]) is None and paired_ratio([1.0, 2.0], [1.0, 2.0, 3.0]) is None
 
 
 def test_more_repeats_keep_reversing_the_order():
