@@ -251,3 +251,24 @@ def test_a_batch_size_decision_credits_the_tokens_so_far_to_the_tree_that_commit
     policy.get_steps_for_batch(64)
     assert policy.get_steps_for_batch(64) == 1  # decided in a crowd
     assert set(policy.efficiency) == {5} and policy._observed == [0.0, 0]  # the 4 verifies went to the 5-step tree
+
+
+def test_rates_and_predictions_follow_every_load():
+    """The rates, tried depths and tree predictions a decision reuses are dropped at each load: after new counts
+    every answer is a fresh estimator's (a stale memo would keep the first counts' answers)."""
+    rng = random.Random(5)
+
+    def counts():
+        tried = [[0.0] * 8] + [[rng.choice((0.0, rng.random() * 40)) for _ in range(8)] for _ in range(7)]
+        return tried, [[t * rng.random() for t in row] for row in tried]
+
+    reused = TreeAcceptance(7, 8)
+    for _ in range(3):
+        tried, passed = counts()
+        reused.load(tried, passed)
+        fresh = TreeAcceptance(7, 8)
+        fresh.load(tried, passed)
+        for steps, topk, n in ((1, 8, 2), (3, 8, 8), (5, 8, 32), (7, 8, 64), (3, 1, 4)):
+            assert reused.expected_tokens(steps, topk, n) == fresh.expected_tokens(steps, topk, n)
+        assert [[reused.rate(d, r) for r in range(8)] for d in range(1, 8)] == [
+            [fresh.rate(d, r) for r in range(8)] for d in range(1, 8)]
