@@ -4,16 +4,24 @@ stages, warps) per shape. H200 results: results/2026-11-26-NVIDIA_H200-linear-sw
 serves those shapes since (``CUBLAS_MIN_ROWS``).
 
     python -m bench.sweep_linear OUT.json        (on a GPU, from the repository root)
+    python -m bench.sweep_linear OUT.json --tp 4 rank 0's shards at --tp 4 (1 and 8 rows, cold weights): the tiles
+                                                 (BLOCK_K up to 512, deeper pipelines) against linear's own choice
+
+At --tp 4 shard shapes linear's rule gives too few bytes in flight at one row (qkv N 1536: 96 programs of 16
+columns, 19.8 us vs cuBLAS 13.4, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md); ``--tp``
+says which tiles would fix that before the rule changes.
 """
 
+import argparse
 import itertools
 import json
-import sys
 
 import torch
 import triton
+import triton.language as tl
 
-from sgl_eagle_triton.kernels.linear import _linear_kernel
+from sgl_eagle_triton.kernels.device import device_info
+from sgl_eagle_triton.kernels.linear import _config, _linear_kernel, _num_stages
 
 SHAPES = [(256, 14336, 4096, True, torch.float32), (256, 6144, 8192, False, torch.bfloat16),
           (64, 14336, 4096, True, torch.float32), (256, 4096, 14336, False, torch.bfloat16),
@@ -51,15 +59,81 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
     return sorted(best)
 
 
-def main(out_path: str) -> None:
-    res = {}
-    for M, N, K, silu, xdt in SHAPES:
-        key = f"M{M} N{N} K{K} silu{silu}"
-        res[key] = sweep_shape(M, N, K, silu, xdt)[:5]
-        print(key, res[key], flush=True)
-    with open(out_path, "w") as f:
+# Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul, residual) with the
+# inputs the drafter passes (qkv: the bf16 [embed; hidden] of 2H; gate_up: the fp32 residual sum, normalised)
+TP_OPS = {"qkv": lambda tp: (6144 // tp, 8192, False, False),
+          "o_proj + residual": lambda tp: (4096, 4096 // tp, False, True),
+          "gate_up + silu_mul": lambda tp: (14336 // tp, 4096, True, False),
+          "down + residual": lambda tp: (4096, 14336 // tp, False, True)}
+SKINNY_TILES = list(itertools.product([16, 32, 64], [128, 256, 512], [2, 3, 4, 6], [4]))  # BLOCK_N, BLOCK_K, stages
+COLD_BYTES = 256 << 20  # weights cycled through per timing: none re-read from L2 (50 MB on an H100 / H200)
+
+
+def sweep_tp_shape(M, N, K, silu, residual) -> dict:
+    """``{"rule": (us, tile), "best": [(us, BLOCK_N, BLOCK_K, stages, warps)...]}`` for one shard op at ``M`` rows,
+    BLOCK_M 16, each timing over cold copies of the weight (as bench.drafter)."""
+    dev = "cuda"
+    x = torch.randn(M, K, device=dev, dtype=torch.float32 if silu else torch.bfloat16)
+    rows_w = (2 if silu else 1) * N
+    copies = [torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16)
+              for _ in range(triton.cdiv(COLD_BYTES, rows_w * K * 2))]
+    out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+    res = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    out_sum = torch.empty(M, N, device=dev, dtype=torch.float32)
+    nw = torch.ones(K, device=dev, dtype=torch.bfloat16)
+
+    def time_tile(bn, bk, st, nwarp):
+        grid = (1, triton.cdiv(N, bn))
+
+        def launch():
+            for w in copies:
+                _linear_kernel[grid](x, x.stride(0), w, out, nw, res, res.stride(0), out, out.stride(0), out_sum, M,
+                                     N, 1e-5, K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=residual,
+                                     WRITE_SUM=residual, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16,
+                                     USE_GDC=False, num_warps=nwarp, num_stages=st)
+
+        launch()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3 / len(copies)
+
+    _, bn, bk, nwarp = _config(M, N)
+    stage_bytes = 16 * bk * x.element_size() + (1 + silu) * bn * bk * 2
+    st = _num_stages(triton.cdiv(N, bn), stage_bytes, device_info(x.device))
+    rule = (time_tile(bn, bk, st, nwarp), bn, bk, st, nwarp)
+    best = []
+    for bn, bk, st, nwarp in SKINNY_TILES:
+        if st * (16 * bk * x.element_size() + (1 + silu) * bn * bk * 2) > 200000:
+            continue
+        try:
+            best.append((time_tile(bn, bk, st, nwarp), bn, bk, st, nwarp))
+        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
+            continue
+    floor_us = rows_w * K * 2 / 4.25e12 * 1e6  # H200 copy bandwidth measured by bench.drafter (4.25 TB/s)
+    return {"rule": rule, "best": sorted(best)[:5], "floor_us_h200": floor_us}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--tp", type=int, default=1, help="sweep rank 0's shard shapes at this TP size instead")
+    args = parser.parse_args(argv)
+    res = {"gpu": torch.cuda.get_device_name()}
+    if args.tp > 1:
+        for op, shape in TP_OPS.items():
+            N, K, silu, residual = shape(args.tp)
+            for M in (1, 8):
+                key = f"tp{args.tp} {op} M{M} N{N} K{K}"
+                res[key] = sweep_tp_shape(M, N, K, silu, residual)
+                print(key, res[key], flush=True)
+    else:
+        for M, N, K, silu, xdt in SHAPES:
+            key = f"M{M} N{N} K{K} silu{silu}"
+            res[key] = sweep_shape(M, N, K, silu, xdt)[:5]
+            print(key, res[key], flush=True)
+    with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
