@@ -38,7 +38,10 @@ with the no-spec of its own card.
 ``--interleave`` (the trained pair only: its servers fit one GPU together; :mod:`bench.interleave`): every system's
 server starts on the one GPU (``SHARED_GPU_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch
 by batch every server is measured twice (``--repeats``), the systems in one order and then in the reverse (the
-first order alternating between batches); a row keeps the mean and every timing (``runs``).
+first order alternating between batches); a row keeps the mean and every timing (``runs``). With ``--round-robin``
+a run is a single round of the batch (at batch 1 one request): the servers take turns round by round, seconds apart
+instead of a whole measurement apart, and run ``r`` of every server serves the same prompts, so the report's
+run-by-run ratios pair like with like (``--repeats`` rounds per server, e.g. 16).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import bring_up, combine_runs, measure_in_turn, paired_line, paired_ratio
+from bench.interleave import bring_up, combine_runs, measure_in_turn, measurement_order, paired_line, paired_ratio
 from bench.serve import (
     MAX_NEW_TOKENS,
     line_plot,
@@ -174,16 +177,25 @@ def rounds_for(batch: int) -> int:
     return max(1, -(-MIN_REQUESTS // batch))
 
 
-def measure(url: str, batch: int, real: bool = False) -> dict:
-    """After a warm-up request and a warm-up batch, :func:`rounds_for` rounds of ``batch`` concurrent requests:
+def warm_up(url: str, batch: int, real: bool = False) -> None:
+    """One request alone, then one batch of ``batch`` (adaptive servers settle their EMA here)."""
+    timed_request(url, prompts_for(1, 99, real)[0])
+    with ThreadPoolExecutor(batch) as pool:
+        list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 1, real)))
+
+
+def measure(url: str, batch: int, real: bool = False, first_round: int = 0, rounds: int | None = None,
+            warm: bool = True) -> dict:
+    """After :func:`warm_up` (unless ``warm`` is False), ``rounds`` (default :func:`rounds_for`) rounds of ``batch``
+    concurrent requests, round ``r`` on the prompts of seed ``0`` (r = 0) or ``100 + r``, from ``first_round`` on:
     ``tok_per_s`` the mean over rounds of each round's :func:`tok_per_s`, ``accept_len`` the mean over requests,
     ``longest_gap_ms`` the longest :func:`longest_gap_ms` of the rounds."""
-    timed_request(url, prompts_for(1, 99, real)[0])
-    rounds = rounds_for(batch)
+    if warm:
+        warm_up(url, batch, real)
+    rounds = rounds_for(batch) if rounds is None else rounds
     with ThreadPoolExecutor(batch) as pool:
-        list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 1, real)))  # warm-up batch
         results = [list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 0 if r == 0 else 100 + r, real)))
-                   for r in range(rounds)]
+                   for r in range(first_round, first_round + rounds)]
     return {"tok_per_s": statistics.mean(tok_per_s(round_) for round_ in results),
             "accept_len": statistics.mean(r["meta"].get("spec_accept_length", 1.0) for round_ in results
                                           for r in round_),
@@ -313,6 +325,10 @@ def parse_args(argv=None):
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--repeats", type=int, default=2,
                         help="with --interleave: runs per server and batch, the order reversed each run")
+    parser.add_argument("--round-robin", action="store_true",
+                        help="with --interleave: a run is one round of the batch (servers in turn round by round, "
+                             "each round's prompts the same for every server), --repeats rounds per server after "
+                             "one warm-up each")
     parser.add_argument("--interleave", action="store_true",
                         help="with --real-pair: start every server at once and measure them batch by batch, each "
                              "batch twice (--repeats) in alternating order (rows: the mean, 'runs' each)")
@@ -335,6 +351,8 @@ def main(argv=None):
         return
     if args.repeats < 1:
         raise SystemExit("bench.adaptive: --repeats: at least 1")
+    if args.round_robin and not args.interleave:
+        raise SystemExit("bench.adaptive: --round-robin needs --interleave")
     if args.interleave and not args.real_pair:
         raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
                          "together)")
@@ -403,7 +421,14 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                          verify_attention, started)
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         for i, batch in enumerate(args.batches):
-            runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n: measure(server.url, n, True))
+            if args.round_robin:  # every server warmed up first, then one round per run: run r on round r's prompts
+                for entry in measurement_order(ready, i, 1):
+                    warm_up(entry[2].url, batch, True)
+                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: measure(
+                    server.url, n, True, first_round=run, rounds=1, warm=False))
+            else:
+                runs = measure_in_turn(ready, i, batch, args.repeats,
+                                       lambda server, n, run: measure(server.url, n, True))
             for system, shape, server, attention in ready:
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")

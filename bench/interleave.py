@@ -64,10 +64,11 @@ def bring_up(groups: list[list[tuple]], start, attention_of, started: list) -> l
 def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: int, measure_one
                     ) -> dict[str, list[dict]]:
     """Each ready server's runs of the ``batch_index``-th batch, of ``batch`` requests (``measure_one(server,
-    batch)``), in :func:`measurement_order`, by server name."""
+    batch, run)``, ``run`` counting that server's runs of the batch from 0), in :func:`measurement_order`, by server
+    name."""
     runs: dict = {}
     for entry in measurement_order(ready, batch_index, repeats):
-        result = measure_one(entry[2], batch)
+        result = measure_one(entry[2], batch, len(runs.get(entry[2].name, ())))
         runs.setdefault(entry[2].name, []).append(result)
         print(entry[2].name, batch, result, flush=True)
     return runs

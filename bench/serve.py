@@ -527,7 +527,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     try:
         ready = bring_up([[s] for s in servers], start, verify_attention, started)
         for i, batch in enumerate(args.batches):
-            runs = measure_in_turn(ready, i, batch, args.repeats, timed_measure)
+            runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: timed_measure(server, n))
             for system, config, server, attention in ready:
                 result = combine_runs(runs[server.name], keep="cycle_ms",
                                       mean=("cycle_ms", "mean_cycle_ms", "chunks_per_cycle", "accept_length"))

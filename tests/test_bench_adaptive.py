@@ -193,3 +193,35 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     assert sorted(servers.stopped) == ["eagle_triton_cost", "nospec"]
     # run by run: the cost policy's run i over no-spec's run i (2 / 1, 3 / 4), their geometric mean
     assert "| 1 | eagle_triton_cost / nospec | 2.00 / 0.75 | 1.225 |" in out.with_suffix(".md").read_text()
+
+
+def test_round_robin_takes_turns_round_by_round_on_the_same_prompts(tmp_path, monkeypatch):
+    """``--round-robin``: per batch every server is warmed up once (in the batch's first order), then each run is one
+    round (``rounds=1``, no warm-up) and run ``r`` of every server is round ``r`` (the same prompts), the servers
+    taking turns as in ``--interleave``. Without ``--interleave`` it is refused."""
+    calls, servers = [], ServerLog()
+
+    def measure(url, batch, real=False, first_round=0, rounds=None, warm=True):
+        calls.append(("run", url, batch, first_round, rounds, warm))
+        return {"tok_per_s": float(len(calls)), "accept_len": 2.0, "rounds": 1, "longest_gap_ms": 1.0}
+
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "measure", measure)
+    monkeypatch.setattr(adaptive, "warm_up", lambda url, batch, real=False: calls.append(("warm", url, batch)))
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    argv = ["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "4", "--workdir", str(tmp_path),
+            "--out", str(out), "--real-pair", "--round-robin", "--repeats", "2"]
+    with pytest.raises(SystemExit, match="--round-robin needs --interleave"):
+        adaptive.main(argv)
+    adaptive.main([*argv, "--interleave"])
+    cost = "eagle_triton_cost"
+    assert calls == [("warm", "nospec", 1), ("warm", cost, 1),
+                     ("run", "nospec", 1, 0, 1, False), ("run", cost, 1, 0, 1, False),
+                     ("run", cost, 1, 1, 1, False), ("run", "nospec", 1, 1, 1, False),
+                     ("warm", cost, 4), ("warm", "nospec", 4),
+                     ("run", cost, 4, 0, 1, False), ("run", "nospec", 4, 0, 1, False),
+                     ("run", "nospec", 4, 1, 1, False), ("run", cost, 4, 1, 1, False)]
+    rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
+    assert rows["nospec", 1]["runs"] == [3.0, 6.0] and rows[cost, 4]["runs"] == [9.0, 12.0]
