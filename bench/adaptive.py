@@ -209,7 +209,7 @@ def card(r: dict) -> str:
 
 def row_key(r: dict) -> tuple:
     return (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r),
-            r.get("env", ""), r.get("flags", ""))
+            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False))
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -222,7 +222,8 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    extra = " ".join(x for x in (r.get("env"), r.get("flags")) if x)  # --server-env, --server-flags
+    extra = " ".join(x for x in (r.get("env"), r.get("flags"), "round-robin" if r.get("round_robin") else "")
+                     if x)  # --server-env, --server-flags, --round-robin
     if extra:
         name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name
@@ -266,8 +267,9 @@ def report(rows: list[dict]) -> str:
 
 
 def paired_table(by_batch: dict) -> str:
-    """Markdown: for interleaved rows (``runs``), each cost policy's tok/s over every other system of its batch and
-    card, run by run (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
+    """Markdown: for interleaved rows (``runs``), each cost policy's tok/s over every other system of its batch, card
+    and sweep (``session``; rows written before sessions were recorded pair by key), run by run
+    (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
     lines = []
     for (batch, _), group in sorted(by_batch.items()):
         for r in group:
@@ -275,7 +277,8 @@ def paired_table(by_batch: dict) -> str:
                 continue
             for other in sorted(group, key=lambda o: -o["tok_per_s"]):
                 p = (paired_ratio(r.get("runs", []), other.get("runs", []))
-                     if other is not r and card(other) == card(r) else None)
+                     if other is not r and card(other) == card(r) and other.get("session") == r.get("session")
+                     and other.get("round_robin") == r.get("round_robin") else None)
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
     if not lines:
@@ -371,6 +374,10 @@ def main(argv=None):
     meta = dict(acceptance=acceptance, gpu=torch.cuda.get_device_name(), sglang_version=sglang.__version__,
                 date=str(datetime.date.today()), card=args.card, env=" ".join(args.server_env),
                 flags=args.server_flags, max_new_tokens=MAX_NEW_TOKENS)
+    if args.interleave:  # the report pairs runs of one sweep only (bench.interleave.paired_ratio)
+        meta["session"] = datetime.datetime.now().isoformat(timespec="seconds")
+    if args.round_robin:  # its rows never replace, nor are replaced by, rows measured a whole measurement per run
+        meta["round_robin"] = True
     servers = [(system, shape) for system in args.systems
                for shape in ([None] if SYSTEMS[system][0] is None or SYSTEMS[system][1] else args.shapes)]
 
@@ -432,6 +439,8 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
             for system, shape, server, attention in ready:
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")
+                if args.round_robin:
+                    result["rounds"] = len(runs[server.name])  # a round per run
                 rows.append(row(system, shape, batch, meta, attention, result))
             save(args.out, rows)
     finally:

@@ -76,19 +76,26 @@ def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: i
 
 # Student's t, two-sided 90 % (the 0.95 quantile), by degrees of freedom; beyond the table the normal's 1.645
 T_90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
-        11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740, 18: 1.734, 19: 1.729, 20: 1.725}
+        11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740, 18: 1.734, 19: 1.729, 20: 1.725,
+        25: 1.708, 30: 1.697, 40: 1.684, 60: 1.671, 120: 1.658}
+
+
+def t_90(df: int) -> float:
+    """:data:`T_90` at ``df`` or the nearest tabled fewer degrees of freedom (a little wider: never too narrow)."""
+    return T_90[max(d for d in T_90 if d <= df)]
 
 
 def paired_ratio(a: list[float], b: list[float]) -> dict | None:
     """``a`` over ``b`` run by run (run i of both servers belongs to the same repeat of :func:`measurement_order`:
     measured next to each other, so a slow spell of the host moves both): the ratios, their geometric mean and a
-    90 % t-interval of it (over the log ratios). None with fewer than two pairs or unequal run counts."""
-    if len(a) != len(b) or len(a) < 2:
+    90 % t-interval of it (over the log ratios). None with fewer than two pairs, unequal run counts or a run
+    that measured nothing (0 tok/s: no request of a round streamed two chunks)."""
+    if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
         return None
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     logs = [math.log(x) for x in ratios]
     mean, n = statistics.mean(logs), len(logs)
-    half = T_90.get(n - 1, 1.645) * statistics.stdev(logs) / math.sqrt(n)
+    half = t_90(n - 1) * statistics.stdev(logs) / math.sqrt(n)
     return {"ratios": ratios, "geomean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
             "pairs": n}
 

@@ -314,12 +314,13 @@ def report(rows: list[dict]) -> str:
 
 
 def paired_table(rows: list[dict], stock_rows: dict) -> str:
-    """Markdown: for interleaved rows (``runs``), our cycle over stock's run by run
+    """Markdown: for interleaved rows (``runs``), our cycle over stock's of the same sweep (``session``) run by run
     (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
     lines = []
     for r in rows:
         stock = stock_rows.get((r.get("flags", ""), r["steps"], r["topk"], r["draft_tokens"], r["batch"]))
-        p = paired_ratio(r.get("runs", []), stock.get("runs", [])) if r["system"] == "eagle_triton" and stock else None
+        p = (paired_ratio(r.get("runs", []), stock.get("runs", []))
+             if r["system"] == "eagle_triton" and stock and stock.get("session") == r.get("session") else None)
         if p:
             lines.append(paired_line("{},{},{}".format(r["steps"], r["topk"], r["draft_tokens"]), r["batch"], p))
     if not lines:
@@ -474,6 +475,8 @@ def main(argv=None):
     target, draft = write_models(args.workdir, args.model)
     meta = dict(flags=args.flags, tp=args.tp, model=args.model, gpu=torch.cuda.get_device_name(),
                 sglang_version=sglang.__version__, date=str(datetime.date.today()))
+    if args.interleave:  # the report pairs runs of one sweep only (bench.interleave.paired_ratio)
+        meta["session"] = datetime.datetime.now().isoformat(timespec="seconds")
     servers = [(system, config) for system in args.systems
                for config in ([(0, 0, 0)] if system == "nospec" else args.configs)]
 

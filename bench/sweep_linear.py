@@ -8,7 +8,7 @@ serves those shapes since (``CUBLAS_MIN_ROWS``).
                                                  (BLOCK_K up to 512, deeper pipelines) against linear's own choice
 
 At --tp 4 shard shapes linear's rule gives too few bytes in flight at one row (qkv N 1536: 96 programs of 16
-columns, 19.8 us vs cuBLAS 13.4, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md); ``--tp``
+columns, 19.8 us vs cuBLAS 13.8, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md); ``--tp``
 says which tiles would fix that before the rule changes.
 """
 
@@ -45,7 +45,7 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
         def launch(grid=grid, bm=bm, bn=bn, bk=bk, st=st, nwarp=nwarp):
             _linear_kernel[grid](x, x.stride(0), w, out, nw, out, 0, out, out.stride(0), out, M, N, 1e-5,
                                  K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=False,
-                                 WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_GDC=False,
+                                 WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False,
                                  num_warps=nwarp, num_stages=st)
 
         try:
@@ -59,17 +59,16 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
     return sorted(best)
 
 
-# Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul, residual) with the
-# inputs the drafter passes (qkv: the bf16 [embed; hidden] of 2H; gate_up: the fp32 residual sum, normalised)
-TP_OPS = {"qkv": lambda tp: (6144 // tp, 8192, False, False),
-          "o_proj + residual": lambda tp: (4096, 4096 // tp, False, True),
-          "gate_up + silu_mul": lambda tp: (14336 // tp, 4096, True, False),
-          "down + residual": lambda tp: (4096, 14336 // tp, False, True)}
+# Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul) with the inputs the
+# drafter passes (qkv: the bf16 [embed; hidden] of 2H; gate_up: the fp32 residual sum, normalised); the row-parallel
+# o_proj and down run without their residual epilogue under TP (added after the all-reduce: drafter._row_parallel)
+TP_OPS = {"qkv": lambda tp: (6144 // tp, 8192, False), "o_proj": lambda tp: (4096, 4096 // tp, False),
+          "gate_up + silu_mul": lambda tp: (14336 // tp, 4096, True), "down": lambda tp: (4096, 14336 // tp, False)}
 SKINNY_TILES = list(itertools.product([16, 32, 64], [128, 256, 512], [2, 3, 4, 6], [4]))  # BLOCK_N, BLOCK_K, stages
 COLD_BYTES = 256 << 20  # weights cycled through per timing: none re-read from L2 (50 MB on an H100 / H200)
 
 
-def sweep_tp_shape(M, N, K, silu, residual) -> dict:
+def sweep_tp_shape(M, N, K, silu) -> dict:
     """``{"rule": (us, tile), "best": [(us, BLOCK_N, BLOCK_K, stages, warps)...]}`` for one shard op at ``M`` rows,
     BLOCK_M 16, each timing over cold copies of the weight (as bench.drafter)."""
     dev = "cuda"
@@ -78,8 +77,6 @@ def sweep_tp_shape(M, N, K, silu, residual) -> dict:
     copies = [torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16)
               for _ in range(triton.cdiv(COLD_BYTES, rows_w * K * 2))]
     out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-    res = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
-    out_sum = torch.empty(M, N, device=dev, dtype=torch.float32)
     nw = torch.ones(K, device=dev, dtype=torch.bfloat16)
 
     def time_tile(bn, bk, st, nwarp):
@@ -87,10 +84,10 @@ def sweep_tp_shape(M, N, K, silu, residual) -> dict:
 
         def launch():
             for w in copies:
-                _linear_kernel[grid](x, x.stride(0), w, out, nw, res, res.stride(0), out, out.stride(0), out_sum, M,
-                                     N, 1e-5, K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=residual,
-                                     WRITE_SUM=residual, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16,
-                                     USE_GDC=False, num_warps=nwarp, num_stages=st)
+                _linear_kernel[grid](x, x.stride(0), w, out, nw, out, 0, out, out.stride(0), out, M, N, 1e-5, K=K,
+                                     NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=False, WRITE_SUM=False,
+                                     BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False,
+                                     num_warps=nwarp, num_stages=st)
 
         launch()
         torch.cuda.synchronize()
@@ -121,10 +118,10 @@ def main(argv=None) -> None:
     res = {"gpu": torch.cuda.get_device_name()}
     if args.tp > 1:
         for op, shape in TP_OPS.items():
-            N, K, silu, residual = shape(args.tp)
+            N, K, silu = shape(args.tp)
             for M in (1, 8):
                 key = f"tp{args.tp} {op} M{M} N{N} K{K}"
-                res[key] = sweep_tp_shape(M, N, K, silu, residual)
+                res[key] = sweep_tp_shape(M, N, K, silu)
                 print(key, res[key], flush=True)
     else:
         for M, N, K, silu, xdt in SHAPES:

@@ -225,3 +225,39 @@ def test_round_robin_takes_turns_round_by_round_on_the_same_prompts(tmp_path, mo
                      ("run", "nospec", 4, 1, 1, False), ("run", cost, 4, 1, 1, False)]
     rows = {(r["system"], r["batch"]): r for r in json.loads(out.read_text())}
     assert rows["nospec", 1]["runs"] == [3.0, 6.0] and rows[cost, 4]["runs"] == [9.0, 12.0]
+    assert {(r["rounds"], r["round_robin"]) for r in rows.values()} == {(2, True)}  # a round per run, marked
+    paired = [line for line in out.with_suffix(".md").read_text().splitlines() if "} / " in line]
+    # the cost policy over no-spec only, run r over run r: 4 / 3, 5 / 6 at batch 1; 9 / 10, 12 / 11 at batch 4
+    assert paired == ["| 1 | eagle_triton_cost {round-robin} / nospec {round-robin} | 1.33 / 0.83 | 1.054 | "
+                      "0.239–4.648 |",
+                      "| 4 | eagle_triton_cost {round-robin} / nospec {round-robin} | 0.90 / 1.09 | 0.991 | "
+                      "0.540–1.819 |"]
+
+
+def test_measure_sends_each_rounds_prompts_after_the_warm_up(monkeypatch):
+    """``measure``: the warm-up request (seed 99) and batch (seed 1), then round r on seed 0 (r = 0) or 100 + r;
+    ``first_round`` / ``rounds`` / ``warm=False`` (a round-robin run) send that one round alone."""
+    sent = []
+
+    def timed_request(url, prompt):
+        sent.append(prompt)
+        return {"times": [0.0, 1.0], "meta": {"completion_tokens": 11, "spec_accept_length": 2.0}}
+
+    monkeypatch.setattr(adaptive, "timed_request", timed_request)
+    seeds = lambda batch, *ss: [p for s in ss for p in adaptive.prompts_for(batch, s, True)]  # noqa: E731
+    assert adaptive.measure("u", 1, True)["tok_per_s"] == 10.0
+    assert sent == seeds(1, 99, 1, 0, *range(101, 116))  # 16 rounds at batch 1
+    sent.clear()
+    result = adaptive.measure("u", 4, True, first_round=3, rounds=1, warm=False)
+    assert sent == seeds(4, 103) and result["rounds"] == 1 and result["tok_per_s"] == 40.0
+
+
+def test_runs_of_different_sweeps_are_not_paired():
+    """Two interleaved sweeps merged into one file: the report pairs runs only within a sweep (``session``)."""
+    base = dict(steps=None, topk=None, draft_tokens=None, batch=1, acceptance="real:x", gpu="g",
+                sglang_version="v", accept_len=2.0, longest_gap_ms=1.0)
+    rows = [dict(base, system="nospec", tok_per_s=2.0, runs=[1.0, 3.0], session="a"),
+            dict(base, system="eagle_triton_cost", tok_per_s=2.0, runs=[2.0, 2.0], session="b")]
+    assert "Run by run" not in adaptive.report(rows)
+    rows[1]["session"] = "a"
+    assert "| 1 | eagle_triton_cost / nospec | 2.00 / 0.67 | 1.155 |" in adaptive.report(rows)

@@ -63,6 +63,16 @@ def test_report_ratios():
     assert "| 0.50 | 1.50 | 0.50 |" in ours
 
 
+def test_runs_pair_only_within_one_sweep():
+    """Interleaved rows of two sweeps merged into one file (e.g. a rerun of ours alone): ours / stock run by run
+    only where both come from the same sweep (``session``)."""
+    stock = dict(row("eagle3", 1, 8.0), runs=[8.0, 8.0], session="a")
+    ours = dict(row("eagle_triton", 1, 4.0), runs=[4.0, 6.0], session="b")
+    assert "Run by run" not in serve.report([stock, ours])
+    ours["session"] = "a"
+    assert "| 1 | 5,8,32 | 0.50 / 0.75 | 0.612 |" in serve.report([stock, ours])
+
+
 def test_draft_ms_is_the_draft_stages_gpu_busy_time():
     assert serve.draft_ms({}) is None
     assert serve.draft_ms({"draft": {"gpu_span_ms": 2.0, "gpu_busy_ms": 1.5}}) == 1.5
