@@ -5,11 +5,13 @@ serves those shapes since (``CUBLAS_MIN_ROWS``).
 
     python -m bench.sweep_linear OUT.json        (on a GPU, from the repository root)
     python -m bench.sweep_linear OUT.json --tp 4 rank 0's shards at --tp 4 (1 and 8 rows, cold weights): the tiles
-                                                 (BLOCK_K up to 512, deeper pipelines) against linear's own choice
+                                                 (BLOCK_K up to 512, deeper pipelines) against linear's own choice,
+                                                 and the draft LM head's tile pass over its vocabulary shard
 
 At --tp 4 shard shapes linear's rule gives too few bytes in flight at one row (qkv N 1536: 96 programs of 16
-columns, 19.8 us vs cuBLAS 13.8, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md); ``--tp``
-says which tiles would fix that before the rule changes.
+columns, 19.8 us vs cuBLAS 13.8, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md), and the LM
+head's 8000-row shard gives 125 vocabulary tiles (60 us against a 15.4 us floor); ``--tp`` says which tiles would
+fix that before the rules change.
 """
 
 import argparse
@@ -110,6 +112,50 @@ def sweep_tp_shape(M, N, K, silu) -> dict:
     return {"rule": rule, "best": sorted(best)[:5], "floor_us_h200": floor_us}
 
 
+LM_HEAD_TILES = list(itertools.product([16, 32, 64], [64, 128, 256], [2, 3, 4, 6], [4]))  # BLOCK_V, BLOCK_K, stages
+DRAFT_VOCAB = 32000  # the EAGLE-3 draft's vocabulary (token map to the target's)
+
+
+def sweep_lm_head_shard(M, V, H=4096) -> dict:
+    """As :func:`sweep_tp_shape` for the draft LM head's tile pass over a shard of ``V`` vocabulary rows (normed
+    fp32 input, top-8 per tile): ``BLOCK_V`` (``lm_head_topk.VOCAB_TILE``, whose tiles the merge then reads),
+    ``BLOCK_K`` and depth against the kernel's own choice (64 / 128 / 4)."""
+    from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _lm_head_tile_kernel
+
+    dev, topk = "cuda", 8
+    x = torch.randn(M, H, device=dev, dtype=torch.float32)
+    nw = torch.ones(H, device=dev, dtype=torch.bfloat16)
+    copies = [torch.randn(V, H, device=dev, dtype=torch.bfloat16) for _ in range(triton.cdiv(COLD_BYTES, V * H * 2))]
+
+    def time_tile(bv, bk, st, nwarp):
+        tiles = triton.cdiv(V, bv)
+        keys = torch.empty((M, topk, tiles), dtype=torch.int64, device=dev)
+        sums = torch.empty((M, tiles), dtype=torch.float32, device=dev)
+
+        def launch():
+            for w in copies:
+                _lm_head_tile_kernel[(1, tiles)](x, x.stride(0), w, nw, keys, sums, M, 1e-5, 0, V, V=V, H=H, TOPK=topk,
+                                                 HAS_NORM=True, FROM_LOGITS=False, BLOCK_R=16, BLOCK_V=bv,
+                                                 BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False, num_warps=nwarp,
+                                                 num_stages=st)
+
+        launch()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3 / len(copies)
+
+    rule = (time_tile(VOCAB_TILE, 128, 4, 4), VOCAB_TILE, 128, 4, 4)
+    best = []
+    for bv, bk, st, nwarp in LM_HEAD_TILES:
+        if st * (16 * bk * 4 + bv * bk * 2) > 200000:
+            continue
+        try:
+            best.append((time_tile(bv, bk, st, nwarp), bv, bk, st, nwarp))
+        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
+            continue
+    return {"rule": rule, "best": sorted(best)[:5], "floor_us_h200": V * H * 2 / 4.25e12 * 1e6}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -123,6 +169,10 @@ def main(argv=None) -> None:
                 key = f"tp{args.tp} {op} M{M} N{N} K{K}"
                 res[key] = sweep_tp_shape(M, N, K, silu)
                 print(key, res[key], flush=True)
+        for M in (1, 8):
+            key = f"tp{args.tp} lm_head tile pass M{M} V{DRAFT_VOCAB // args.tp}"
+            res[key] = sweep_lm_head_shard(M, DRAFT_VOCAB // args.tp)
+            print(key, res[key], flush=True)
     else:
         for M, N, K, silu, xdt in SHAPES:
             key = f"M{M} N{N} K{K} silu{silu}"
