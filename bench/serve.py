@@ -7,6 +7,7 @@
     python -m bench.serve ... --tp 2                  # every server tensor-parallel (rows: tp, flags "--tp-size 2")
     python -m bench.serve ... --model llama-3.1-70b --tp 4   # 70B shapes (four GPUs)
     python -m bench.serve ... --tp 4 --interleave     # every server up at once, batches measured in turn
+    python -m bench.serve ... --sampling temperature=0.7 top_p=0.9 top_k=20   # sampled requests (rows: in flags)
 
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
@@ -22,7 +23,9 @@ decode cycle, so ``cycle_ms`` is the median over requests of the median gap betw
 the prefills of requests admitted later and the ramp-up do not count); ``mean_cycle_ms`` is the median over
 requests of (last chunk - first) / cycles (``spec_verify_ct``, or tokens - 1 without speculation), which
 does count them; ``chunks_per_cycle`` is 1.0 unless outputs were coalesced. Acceptance with random weights
-is ~1, which changes token ids but not cost.
+is ~1, which changes token ids but not cost. Requests are greedy unless ``--sampling`` gives SGLang sampling
+parameters (every system, the same): the sampled verify (ours: target probabilities and tree sampling in Triton;
+stock: sgl-kernel's renorm ops and tree sampling) is then part of every cycle.
 
 With ``--server-env SGLANG_EAGLE_TRITON_CYCLE_TIMING=N`` every server (stock ones too) logs its ranks' decode-step
 timing; rows keep each rank's means after the warm-up request (``cycle_timing``, :func:`cycle_timing_by_rank`).
@@ -148,11 +151,11 @@ def spec_args(system: str, draft: Path, config: tuple[int, int, int]) -> list[st
             "--speculative-num-draft-tokens", str(n)]
 
 
-def timed_request(url: str, prompt: list[int]) -> dict:
-    """One streamed greedy /generate of ``MAX_NEW_TOKENS`` tokens (EOS ignored): arrival time of every chunk,
-    meta_info of the last chunk."""
+def timed_request(url: str, prompt: list[int], **sampling) -> dict:
+    """One streamed /generate of ``MAX_NEW_TOKENS`` tokens (EOS ignored), greedy unless ``sampling`` params say
+    otherwise: arrival time of every chunk, meta_info of the last chunk."""
     times, meta = [], {}
-    for chunk in Client(url).generate_stream(prompt, MAX_NEW_TOKENS, timeout=600):  # each chunk as it arrives
+    for chunk in Client(url).generate_stream(prompt, MAX_NEW_TOKENS, timeout=600, **sampling):  # each as it arrives
         times.append(time.perf_counter())
         meta = chunk.get("meta_info", meta)
     return {"times": times, "meta": meta}
@@ -186,14 +189,16 @@ def random_prompts(batch: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1000, 100000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
 
 
-def measure(url: str, batch: int, seed: int = 0, after_warm_up=None) -> dict:
-    """One warm-up request, then ``batch`` concurrent ones (``after_warm_up()`` called between)."""
+def measure(url: str, batch: int, seed: int = 0, after_warm_up=None, sampling: dict | None = None) -> dict:
+    """One warm-up request, then ``batch`` concurrent ones (``after_warm_up()`` called between), all with the
+    ``sampling`` params (default greedy)."""
+    sampling = sampling or {}
     prompts = random_prompts(batch, seed)
-    timed_request(url, prompts[0])  # warm-up
+    timed_request(url, prompts[0], **sampling)  # warm-up
     if after_warm_up is not None:
         after_warm_up()
     with ThreadPoolExecutor(batch) as pool:
-        results = list(pool.map(lambda p: timed_request(url, p), prompts))
+        results = list(pool.map(lambda p: timed_request(url, p, **sampling), prompts))
     accept = [r["meta"].get("spec_accept_length", 1.0) for r in results]
     return {"cycle_ms": cycle_ms(results), "mean_cycle_ms": mean_cycle_ms(results),
             "chunks_per_cycle": chunks_per_cycle(results), "accept_length": statistics.mean(accept)}
@@ -219,11 +224,12 @@ def cycle_timing_by_rank(log_text: str) -> dict | None:
             for rank, lines in sorted(by_rank.items())}
 
 
-def timed_measure(server: Server, batch: int) -> dict:
+def timed_measure(server: Server, batch: int, sampling: dict | None = None) -> dict:
     """:func:`measure`, with ``cycle_timing`` (:func:`cycle_timing_by_rank`) of the log lines the server wrote from
     the end of the warm-up request on."""
     mark = {}
-    result = measure(server.url, batch, after_warm_up=lambda: mark.setdefault("at", len(server.log())))
+    result = measure(server.url, batch, after_warm_up=lambda: mark.setdefault("at", len(server.log())),
+                     sampling=sampling)
     return {**result, "cycle_timing": cycle_timing_by_rank(server.log()[mark.get("at", 0):])}
 
 
@@ -233,7 +239,8 @@ def trace_rank(path: Path) -> int:
     return int(m[1]) if m else 0
 
 
-def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int = 1) -> list[dict]:
+def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int = 1,
+                   sampling: dict | None = None) -> list[dict]:
     """Per-cycle stage costs (:func:`bench.trace_breakdown.stage_times`) over ``steps`` profiled forward passes
     while ``batch`` fresh requests decode, one per tensor-parallel rank in rank order (each rank writes its own
     trace; under TP a rank's collectives also count the time it waits for the others: compare ``compute_busy_ms``).
@@ -243,7 +250,7 @@ def profile_stages(url: str, batch: int, out_dir: Path, steps: int, ranks: int =
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = random_prompts(batch, seed=1)
     with ThreadPoolExecutor(batch) as pool:
-        running = [pool.submit(timed_request, url, p) for p in prompts]
+        running = [pool.submit(timed_request, url, p, **(sampling or {})) for p in prompts]
         time.sleep(1.0)  # past the prefills: profile decode cycles only
         Client(url).post("/start_profile", {"output_dir": str(out_dir), "num_steps": steps,
                                             "activities": ["CPU", "GPU"]}, timeout=60)
@@ -423,8 +430,15 @@ def parse_args(argv=None):
     parser.add_argument("--interleave", action="store_true",
                         help="every server up at once on the same GPUs, each batch measured twice (--repeats) per "
                              "server in alternating order (rows: the mean, 'runs' every cycle); no profiling")
+    parser.add_argument("--sampling", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="SGLang sampling params of every request, e.g. temperature=0.7 top_p=0.9 top_k=20 "
+                             "(default greedy; rows keep them in 'flags')")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
+    try:
+        args.sampling_params = {k: float(v) if "." in v else int(v) for k, v in server_env(args.sampling).items()}
+    except ValueError:
+        parser.error(f"--sampling: KEY=NUMBER items, got {args.sampling}")
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
     if args.interleave and args.profile_steps:
@@ -436,6 +450,8 @@ def parse_args(argv=None):
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
     args.env = server_env(args.server_env)
     args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
+    if args.sampling:  # sampled rows never replace greedy ones
+        args.flags = " ".join([args.flags, "sampling:", *args.sampling]).strip()
     if args.interleave:  # its rows (capped KV pools, servers side by side) never replace rows of servers run alone
         args.flags = " ".join([args.flags, *SHARED_GPU_FLAGS]).strip()
         args.env = {**SHARED_GPU_ENV, **args.env}
@@ -495,12 +511,12 @@ def main(argv=None):
             server.wait_ready(900)
             attention = verify_attention(server)
             for batch in args.batches:
-                result = timed_measure(server, batch)
+                result = timed_measure(server, batch, args.sampling_params)
                 stages, by_rank = {}, []
                 if args.profile_steps:
                     try:
                         by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{server.name}-b{batch}",
-                                                 args.profile_steps, args.tp)
+                                                 args.profile_steps, args.tp, args.sampling_params)
                         stages = by_rank[0]  # rank 0's
                     except Exception as e:  # the cycle time stands without its breakdown
                         print(f"{server.name} b{batch}: no stage breakdown: {e!r}", flush=True)
@@ -530,7 +546,8 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
     try:
         ready = bring_up([[s] for s in servers], start, verify_attention, started)
         for i, batch in enumerate(args.batches):
-            runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: timed_measure(server, n))
+            runs = measure_in_turn(ready, i, batch, args.repeats,
+                                   lambda server, n, run: timed_measure(server, n, args.sampling_params))
             for system, config, server, attention in ready:
                 result = combine_runs(runs[server.name], keep="cycle_ms",
                                       mean=("cycle_ms", "mean_cycle_ms", "chunks_per_cycle", "accept_length"))

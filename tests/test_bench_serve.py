@@ -23,6 +23,28 @@ def test_args_defaults_and_validation():
         serve.parse_args(["--configs", "3,1,9"])
 
 
+def test_sampling_params_reach_every_request_and_the_rows_flags(monkeypatch):
+    """``--sampling temperature=0.7 top_k=20``: numbers parsed (float with a point, else int), sent with the warm-up
+    and every timed request, and part of the rows' flag set (sampled rows never replace greedy ones)."""
+    args = serve.parse_args(["--sampling", "temperature=0.7", "top_k=20"])
+    assert args.sampling_params == {"temperature": 0.7, "top_k": 20}
+    assert args.flags == "sampling: temperature=0.7 top_k=20" and serve.parse_args([]).flags == ""
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--sampling", "temperature=hot"])
+    sent = []
+
+    def timed_request(url, prompt, **sampling):
+        sent.append(sampling)
+        return {"times": [0.0, 0.01, 0.02], "meta": {"completion_tokens": 3}}
+
+    monkeypatch.setattr(serve, "timed_request", timed_request)
+    serve.measure("u", 3, sampling=args.sampling_params)
+    assert sent == [{"temperature": 0.7, "top_k": 20}] * 4  # the warm-up and the batch of 3
+    sent.clear()
+    serve.measure("u", 2)
+    assert sent == [{}] * 3
+
+
 def test_server_args_capture_graphs_for_the_measured_batches():
     args = serve.server_args([8, 1, 32])
     i = args.index("--cuda-graph-bs-decode")
@@ -233,7 +255,7 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
 
     measured, servers = [], ServerLog()
 
-    def measure(url, batch, after_warm_up=None):
+    def measure(url, batch, after_warm_up=None, sampling=None):
         measured.append((url, batch))
         n = float(len(measured))
         return {"cycle_ms": n, "mean_cycle_ms": 2 * n, "chunks_per_cycle": 1.0, "accept_length": 1.0}
@@ -308,7 +330,7 @@ def test_interleave_stops_a_server_that_failed_to_start_at_once(tmp_path, monkey
             super().wait_ready(timeout_s)
 
     monkeypatch.setattr(serve, "Server", FailingStart)
-    monkeypatch.setattr(serve, "measure", lambda url, batch, after_warm_up=None: {
+    monkeypatch.setattr(serve, "measure", lambda url, batch, after_warm_up=None, sampling=None: {
         "cycle_ms": 1.0, "mean_cycle_ms": 1.0, "chunks_per_cycle": 1.0, "accept_length": 1.0})
     monkeypatch.setattr(serve, "write_models", lambda workdir, model: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(serve, "plot", lambda rows, path: None)
@@ -334,7 +356,7 @@ def test_rows_keep_every_ranks_cycle_timing_from_after_the_warm_up(monkeypatch):
     servers = ServerLog(log_text=_timing_line("EAGLE3", 0, 100, 100, "9.00 ms", 9.0, 9.0, "9.00 ms"))
     server = servers.server_class()("eagle3-3-1-4", "m", [], "/tmp")
 
-    def measure(url, batch, after_warm_up=None):
+    def measure(url, batch, after_warm_up=None, sampling=None):
         after_warm_up()
         servers.log_text += (_timing_line("EAGLE3", 0, 100, 100, "5.00 ms", 3.0, 4.0, "1.00 ms")
                              + _timing_line("EAGLE3", 1, 100, 100, "5.00 ms", 2.0, 4.5, "0.50 ms")
