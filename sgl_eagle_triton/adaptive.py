@@ -202,7 +202,8 @@ class TreeEvidence:
     sync: :meth:`snapshot` returns the copy finished last and starts the next (one decision late).
 
     ``add`` is called after every verify (the worker wraps SGLang's ``eagle_sample``), eagerly, on the stream the
-    verify ran on; one-node trees (steps 0) add nothing and do not decay the tables."""
+    verify ran on: two launches (the decay, the counts; the kernel takes SGLang's accept lengths as they are);
+    one-node trees (steps 0) add nothing and do not decay the tables."""
 
     def __init__(self, max_depth: int, ranks: int, device, decay: float = 0.98):
         import torch
@@ -223,10 +224,9 @@ class TreeEvidence:
         if next_token.dim() != 2 or next_token.shape[0] == 0 or next_token.shape[1] < 2:
             return
         self.tables.mul_(self.decay)
-        accepted_drafts = (accept_lens - 1).to(accept_index.dtype)
-        self._count(self.tables[0], self.tables[1], accept_index.contiguous(), accepted_drafts,
-                      verify_input.retrieve_index.contiguous(), next_token.contiguous(),
-                      verify_input.retrieve_next_sibling.contiguous())
+        self._count(self.tables[0], self.tables[1], accept_index.contiguous(), accept_lens.contiguous(),
+                    verify_input.retrieve_index.contiguous(), next_token.contiguous(),
+                    verify_input.retrieve_next_sibling.contiguous(), bonus_included=True)  # no "- 1" launch
 
     def compile(self, shapes) -> None:
         """The counting kernel run on one and on two chains of each ``(draft tokens n, steps)`` into scratch tables,
@@ -239,7 +239,8 @@ class TreeEvidence:
         for n, steps, requests, tree in start_up_chains(shapes, scratch.device):
             if n > 1:  # one-node trees add nothing (add)
                 _, accept_index, accepted = verify_outputs(requests, n, steps, scratch.device)
-                self._count(scratch[0], scratch[1], accept_index, accepted.zero_(), *tree[1:])
+                self._count(scratch[0], scratch[1], accept_index, accepted.fill_(1), *tree[1:],
+                            bonus_included=True)  # as add calls it: accept lengths (1: no draft accepted)
 
     def snapshot(self) -> tuple[list, list] | None:
         """``(tried, passed)`` as nested lists [depth][rank] from the last finished copy (None before the first),

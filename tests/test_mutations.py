@@ -317,4 +317,14 @@ def test_tree_evidence_crediting_the_next_rank_fails(monkeypatch, device):
 
     monkeypatch.setattr(test_tree_evidence, "tree_evidence", broken(test_tree_evidence.tree_evidence, corrupt))
     with pytest.raises(AssertionError, match="passed"):
-        test_tree_evidence.test_matches_twin(device, test_tree_evidence.CASES[2])
+        test_tree_evidence.test_matches_twin(device, test_tree_evidence.CASES[2], True)
+
+
+def test_tree_evidence_reading_one_draft_too_many_fails(monkeypatch, device):
+    """SGLang's accept lengths (drafts + 1) walked as accepted drafts (the bonus not taken off): one level too deep
+    on every request that stopped early, caught where the level past the accepted path is not -1."""
+    real = test_tree_evidence.tree_evidence
+    monkeypatch.setattr(test_tree_evidence, "tree_evidence",
+                        lambda *args, bonus_included=False: real(*args, bonus_included=False))
+    with pytest.raises(AssertionError, match="tried|passed"):
+        test_tree_evidence.test_matches_twin(device, test_tree_evidence.CASES[2], True)

@@ -34,16 +34,34 @@ def verified(rng, bs, n, max_depth, topk, steps, p_follow):
     return accept_index, accepted, retrieve_index, next_token, next_sibling
 
 
+def poison_past_accepted(accept_index, accepted, retrieve_index, next_token, next_sibling):
+    """Past each request's accepted drafts, the first child of its last accepted node where SGLang leaves -1: a walk
+    that read one draft too many would count that child as passed."""
+    for b in range(accept_index.shape[0]):
+        k = int(accepted[b])
+        if k + 1 >= accept_index.shape[1]:
+            continue
+        last = (retrieve_index[b] == accept_index[b, k]).nonzero()[0, 0]
+        child = int(next_token[b, last])
+        if child != -1:
+            accept_index[b, k + 1] = retrieve_index[b, child]
+
+
+@pytest.mark.parametrize("bonus_included", [False, True], ids=["drafts", "accept-lens"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "bs{}-n{}-depth{}-topk{}-S{}-R{}-p{}".format(*c))
-def test_matches_twin(device, case):
+def test_matches_twin(device, case, bonus_included):
+    """Accepted drafts, or SGLang's accept lengths (drafts + 1, as the policy passes them): the same counts."""
     bs, n, max_depth, topk, steps, ranks, p_follow = case
     rng = random.Random(hash(case) & 0xFFFF)
-    inputs = verified(rng, bs, n, max_depth, topk, steps, p_follow)
+    inputs = list(verified(rng, bs, n, max_depth, topk, steps, p_follow))
+    poison_past_accepted(*inputs)
     start = torch.rand(steps + 1, ranks).round() * 3  # counts accumulate onto what is there
     expected = [start.clone(), start.clone()]
     tree_evidence_ref(*expected, *inputs)
+    if bonus_included:
+        inputs[1] = inputs[1] + 1
     got = [start.clone().to(device), start.clone().to(device)]
-    tree_evidence(*got, *(t.to(device) for t in inputs))
+    tree_evidence(*got, *(t.to(device) for t in inputs), bonus_included=bonus_included)
     for name, g, e in zip(("tried", "passed"), got, expected, strict=True):
         assert torch.equal(g.cpu(), e), name
     assert expected[0][1].sum() > start[1].sum()  # every request reaches depth 1

@@ -24,13 +24,14 @@ def _tree_evidence_kernel(
     N: tl.constexpr,
     NUM_SPEC: tl.constexpr,
     RANKS: tl.constexpr,
+    ACCEPT_OFFSET: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     lanes, _, _, _, retrieve_index, next_token, next_sibling, _, cur = load_tree(
         retrieve_index_ptr, retrieve_index_ptr, retrieve_next_token_ptr, retrieve_next_sibling_ptr, b * N, N,
         NUM_SPEC, BLOCK_N)
-    accepted_drafts = tl.load(accept_token_num_ptr + b)
+    accepted_drafts = tl.load(accept_token_num_ptr + b) - ACCEPT_OFFSET
     depth = 1
     rank = 0
     accepted = tl.full((), -1, tl.int64)  # loop-carried with the int64 node ids (compiled Triton checks the type)
@@ -63,12 +64,15 @@ def tree_evidence(
     retrieve_index: torch.Tensor,
     retrieve_next_token: torch.Tensor,
     retrieve_next_sibling: torch.Tensor,
+    *,
+    bonus_included: bool = False,
 ) -> None:
     """Adds one verify's reached nodes to ``tried`` / ``passed`` in place (semantics:
     ``sgl_eagle_triton.reference.tree_evidence``).
 
     tried, passed      [D, R] float32, contiguous, D >= S + 1 (row 0 unused; ranks >= R not counted)
-    accept_index       [bs, S + 1] int32, accept_token_num [bs] int32: the verify's outputs
+    accept_index       [bs, S + 1] int32, accept_token_num [bs] int32: the verify's outputs (accepted drafts, or
+                       with ``bonus_included`` SGLang's accept lengths: drafts + 1)
     retrieve_index, retrieve_next_token, retrieve_next_sibling: [bs, n] int64, contiguous (its tree rows)
 
     CUDA-graph safe: no host sync, no allocation, grid ``(bs,)``.
@@ -83,6 +87,7 @@ def tree_evidence(
         N=n,
         NUM_SPEC=accept_index.shape[1],
         RANKS=tried.shape[1],
+        ACCEPT_OFFSET=int(bonus_included),
         BLOCK_N=triton.next_power_of_2(max(n, 16)),
         num_warps=1,
     )

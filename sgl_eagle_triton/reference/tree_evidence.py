@@ -12,6 +12,8 @@ def tree_evidence(
     retrieve_index: torch.Tensor,
     retrieve_next_token: torch.Tensor,
     retrieve_next_sibling: torch.Tensor,
+    *,
+    bonus_included: bool = False,
 ) -> None:
     """Adds one verify's reached nodes to the counts, in place.
 
@@ -22,13 +24,13 @@ def tree_evidence(
 
     tried, passed      [D, R] float32, D >= S + 1 (row 0 unused)
     accept_index       [bs, S + 1] int32: accepted flat positions, root first (the verify's output)
-    accept_token_num   [bs] int32: accepted drafts per request
+    accept_token_num   [bs] int32: accepted drafts per request (``bonus_included``: drafts + 1, SGLang's accept lengths)
     retrieve_index, retrieve_next_token, retrieve_next_sibling: [bs, n] int64 (the verify's tree rows)
     """
     bs = retrieve_index.shape[0]
     num_spec, ranks = accept_index.shape[1], tried.shape[1]
     for b in range(bs):
-        k = int(accept_token_num[b])
+        k = int(accept_token_num[b]) - int(bonus_included)
         node = 0
         for depth in range(1, num_spec):
             child, rank, accepted = int(retrieve_next_token[b, node]), 0, -1
