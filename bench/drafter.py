@@ -37,7 +37,7 @@ import triton
 from bench.kernels import gpu_run_setup
 from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.linear import epilogue, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
 from sgl_eagle_triton.testing import draft_shard, random_batch, random_draft
 
@@ -203,6 +203,12 @@ def op_cases(w, rows_n, rank=None, device="cuda") -> dict:
                                 token_map=w.token_map)
 
         cases["lm_head + softmax + top-8"] = (shard_head, cases["lm_head + softmax + top-8"][1], w.lm_head)
+        # row-parallel: the rank's product alone, its residual epilogue after the (here absent) all-reduce, as
+        # drafter._row_parallel runs them
+        cases["o_proj + residual"] = (lambda wt: epilogue(linear(xo, wt, out["h"]), out["h"], residual=res,
+                                                          out_sum=x_sum), *cases["o_proj + residual"][1:])
+        cases["down + residual"] = (lambda wt: epilogue(linear(act, wt, out["h"]), out["h"], residual=res),
+                                    *cases["down + residual"][1:])
     return cases
 
 
@@ -245,7 +251,8 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None, tp=1) -> str:
         lines.append(f"| {r['steps']},{r['topk']},{r['draft_tokens']} | {r['batch']} | {r['graph_us']:.0f} | "
                      f"{r['floor_us']:.0f} | {r['over_floor']:.2f} |")
     lines += ["", f"Per op, ours = Triton below {CUBLAS_MIN_ROWS} rows, from there a cuBLAS GEMM between our Triton "
-              "RMSNorm and epilogue / top-k kernels.", "",
+              "RMSNorm and epilogue / top-k kernels." + (" Row-parallel o_proj and down: the rank's product, then "
+              "the residual epilogue (a second launch, after the all-reduce when served)." if tp > 1 else ""), "",
               "| op | rows | ours us | cuBLAS + torch us | floor us | ours / floor | ours / cuBLAS |",
               "|---|---|---|---|---|---|---|"]
     for ours, ref in zip(op_rows[::2], op_rows[1::2], strict=True):
