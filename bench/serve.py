@@ -436,9 +436,12 @@ def parse_args(argv=None):
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     args = parser.parse_args(argv)
     try:
-        args.sampling_params = {k: float(v) if "." in v else int(v) for k, v in server_env(args.sampling).items()}
+        args.sampling_params = {k: int(v) if v.lstrip("-").isdigit() else float(v)
+                                for k, v in server_env(args.sampling).items()}
     except ValueError:
         parser.error(f"--sampling: KEY=NUMBER items, got {args.sampling}")
+    if args.sampling and not args.sampling_params.get("temperature"):  # requests default to temperature 0: greedy
+        parser.error("--sampling: give a temperature > 0 (at temperature 0 SGLang decodes greedily, whatever else)")
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
     if args.interleave and args.profile_steps:
@@ -450,8 +453,9 @@ def parse_args(argv=None):
         args.server_flags = f"{args.server_flags} --tp-size {args.tp}".strip()
     args.env = server_env(args.server_env)
     args.flags = " ".join([*args.server_env, args.server_flags]).strip()  # the rows' flag set, environment included
-    if args.sampling:  # sampled rows never replace greedy ones
-        args.flags = " ".join([args.flags, "sampling:", *args.sampling]).strip()
+    if args.sampling:  # sampled rows never replace greedy ones; the same params in any order, the same rows
+        args.flags = " ".join([args.flags, "sampling:", *(f"{k}={v}" for k, v in sorted(args.sampling_params.items()))
+                               ]).strip()
     if args.interleave:  # its rows (capped KV pools, servers side by side) never replace rows of servers run alone
         args.flags = " ".join([args.flags, *SHARED_GPU_FLAGS]).strip()
         args.env = {**SHARED_GPU_ENV, **args.env}

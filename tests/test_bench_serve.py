@@ -24,13 +24,15 @@ def test_args_defaults_and_validation():
 
 
 def test_sampling_params_reach_every_request_and_the_rows_flags(monkeypatch):
-    """``--sampling temperature=0.7 top_k=20``: numbers parsed (float with a point, else int), sent with the warm-up
-    and every timed request, and part of the rows' flag set (sampled rows never replace greedy ones)."""
-    args = serve.parse_args(["--sampling", "temperature=0.7", "top_k=20"])
-    assert args.sampling_params == {"temperature": 0.7, "top_k": 20}
-    assert args.flags == "sampling: temperature=0.7 top_k=20" and serve.parse_args([]).flags == ""
-    with pytest.raises(SystemExit):
-        serve.parse_args(["--sampling", "temperature=hot"])
+    """``--sampling temperature=0.7 top_k=20``: numbers parsed (ints as ints), a temperature > 0 required (SGLang
+    decodes greedily at 0), sent with the warm-up and every timed request, and part of the rows' flag set in one
+    order (sampled rows never replace greedy ones)."""
+    args = serve.parse_args(["--sampling", "top_k=20", "temperature=0.7", "min_p=1e-3"])
+    assert args.sampling_params == {"temperature": 0.7, "top_k": 20, "min_p": 0.001}
+    assert args.flags == "sampling: min_p=0.001 temperature=0.7 top_k=20" and serve.parse_args([]).flags == ""
+    for bad in (["temperature=hot"], ["top_p=0.9"], ["temperature=0", "top_k=20"]):  # no temperature: greedy
+        with pytest.raises(SystemExit):
+            serve.parse_args(["--sampling", *bad])
     sent = []
 
     def timed_request(url, prompt, **sampling):
@@ -39,7 +41,7 @@ def test_sampling_params_reach_every_request_and_the_rows_flags(monkeypatch):
 
     monkeypatch.setattr(serve, "timed_request", timed_request)
     serve.measure("u", 3, sampling=args.sampling_params)
-    assert sent == [{"temperature": 0.7, "top_k": 20}] * 4  # the warm-up and the batch of 3
+    assert sent == [{"temperature": 0.7, "top_k": 20, "min_p": 0.001}] * 4  # the warm-up and the batch of 3
     sent.clear()
     serve.measure("u", 2)
     assert sent == [{}] * 3

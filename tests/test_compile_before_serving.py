@@ -67,7 +67,8 @@ def serve_like_sglang(n: int, steps: int, bs: int, vocab: int, device) -> None:
     if n > 1:
         tables = torch.zeros(2, 8, 4, device=device)
         predict, accept_index, accepted = outputs()
-        tree_evidence.tree_evidence(tables[0], tables[1], accept_index, accepted.zero_(), *tree[1:])
+        tree_evidence.tree_evidence(tables[0], tables[1], accept_index, accepted.fill_(1), *tree[1:],
+                                    bonus_included=True)  # as TreeEvidence.add: SGLang's accept lengths
 
 
 def compiled() -> list[int]:

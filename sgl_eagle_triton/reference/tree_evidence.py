@@ -18,7 +18,7 @@ def tree_evidence(
     """Adds one verify's reached nodes to the counts, in place.
 
     Per request, from the root down the accepted path: at every level the walk reached (depth ``d`` = 1 for the
-    root's children, up to ``accept_token_num + 1`` and at most ``S``), each child of sibling rank ``r`` (its place
+    root's children, up to the accepted drafts + 1 and at most ``S``), each child of sibling rank ``r`` (its place
     in the sibling list) adds 1 to ``tried[d, r]``, and the accepted child (whose flat position is
     ``accept_index[b, d]``) 1 to ``passed[d, r]``; ranks ``>= R`` are not counted.
 
