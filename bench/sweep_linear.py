@@ -51,14 +51,39 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
                                  num_warps=nwarp, num_stages=st)
 
         try:
-            launch()
-            torch.cuda.synchronize()
-            with torch.cuda.stream(torch.cuda.Stream()):
-                t = triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3
+            best.append((graph_us(launch), bm, bn, bk, st, nwarp))
         except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
             continue
-        best.append((t, bm, bn, bk, st, nwarp))
     return sorted(best)
+
+
+def graph_us(launch, per: int = 1) -> float:
+    """Median microseconds of ``launch()`` replayed in a CUDA graph (after one eager run), over ``per``."""
+    launch()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        return triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3 / per
+
+
+def cold_copies(rows: int, cols: int) -> list[torch.Tensor]:
+    """Random bf16 [rows, cols] weights, COLD_BYTES in all: timed one after another, none is re-read from L2."""
+    return [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+            for _ in range(triton.cdiv(COLD_BYTES, rows * cols * 2))]
+
+
+def rule_and_best(time_tile, rule: tuple, tiles, smem_of) -> dict:
+    """``{"rule": (us, *rule), "best": the five fastest (us, *tile)}``: ``time_tile(*tile)`` for the kernel's own
+    choice and for every tile of ``tiles`` whose shared memory ``smem_of(*tile)`` fits; a tile that fails is
+    skipped."""
+    timed_rule, best = (time_tile(*rule), *rule), []
+    for tile in tiles:
+        if smem_of(*tile) > 200000:
+            continue
+        try:
+            best.append((time_tile(*tile), *tile))
+        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
+            continue
+    return {"rule": timed_rule, "best": sorted(best)[:5]}
 
 
 # Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul) with the inputs the
@@ -73,13 +98,14 @@ COLD_BYTES = 256 << 20  # weights cycled through per timing: none re-read from L
 def sweep_tp_shape(M, N, K, silu) -> dict:
     """``{"rule": (us, tile), "best": [(us, BLOCK_N, BLOCK_K, stages, warps)...]}`` for one shard op at ``M`` rows,
     BLOCK_M 16, each timing over cold copies of the weight (as bench.drafter)."""
-    dev = "cuda"
-    x = torch.randn(M, K, device=dev, dtype=torch.float32 if silu else torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.float32 if silu else torch.bfloat16)
     rows_w = (2 if silu else 1) * N
-    copies = [torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16)
-              for _ in range(triton.cdiv(COLD_BYTES, rows_w * K * 2))]
-    out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-    nw = torch.ones(K, device=dev, dtype=torch.bfloat16)
+    copies = cold_copies(rows_w, K)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    nw = torch.ones(K, device="cuda", dtype=torch.bfloat16)
+
+    def smem(bn, bk, st, nwarp):
+        return st * (16 * bk * x.element_size() + (1 + silu) * bn * bk * 2)
 
     def time_tile(bn, bk, st, nwarp):
         grid = (1, triton.cdiv(N, bn))
@@ -91,25 +117,12 @@ def sweep_tp_shape(M, N, K, silu) -> dict:
                                      BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False,
                                      num_warps=nwarp, num_stages=st)
 
-        launch()
-        torch.cuda.synchronize()
-        with torch.cuda.stream(torch.cuda.Stream()):
-            return triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3 / len(copies)
+        return graph_us(launch, len(copies))
 
     _, bn, bk, nwarp = _config(M, N)
-    stage_bytes = 16 * bk * x.element_size() + (1 + silu) * bn * bk * 2
-    st = _num_stages(triton.cdiv(N, bn), stage_bytes, device_info(x.device))
-    rule = (time_tile(bn, bk, st, nwarp), bn, bk, st, nwarp)
-    best = []
-    for bn, bk, st, nwarp in SKINNY_TILES:
-        if st * (16 * bk * x.element_size() + (1 + silu) * bn * bk * 2) > 200000:
-            continue
-        try:
-            best.append((time_tile(bn, bk, st, nwarp), bn, bk, st, nwarp))
-        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
-            continue
+    st = _num_stages(triton.cdiv(N, bn), smem(bn, bk, 1, nwarp), device_info(x.device))
     floor_us = rows_w * K * 2 / 4.25e12 * 1e6  # H200 copy bandwidth measured by bench.drafter (4.25 TB/s)
-    return {"rule": rule, "best": sorted(best)[:5], "floor_us_h200": floor_us}
+    return {**rule_and_best(time_tile, (bn, bk, st, nwarp), SKINNY_TILES, smem), "floor_us_h200": floor_us}
 
 
 LM_HEAD_TILES = list(itertools.product([16, 32, 64], [64, 128, 256], [2, 3, 4, 6], [4]))  # BLOCK_V, BLOCK_K, stages
@@ -122,15 +135,15 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
     ``BLOCK_K`` and depth against the kernel's own choice (64 / 128 / 4)."""
     from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _lm_head_tile_kernel
 
-    dev, topk = "cuda", 8
-    x = torch.randn(M, H, device=dev, dtype=torch.float32)
-    nw = torch.ones(H, device=dev, dtype=torch.bfloat16)
-    copies = [torch.randn(V, H, device=dev, dtype=torch.bfloat16) for _ in range(triton.cdiv(COLD_BYTES, V * H * 2))]
+    topk = 8
+    x = torch.randn(M, H, device="cuda", dtype=torch.float32)
+    nw = torch.ones(H, device="cuda", dtype=torch.bfloat16)
+    copies = cold_copies(V, H)
 
     def time_tile(bv, bk, st, nwarp):
         tiles = triton.cdiv(V, bv)
-        keys = torch.empty((M, topk, tiles), dtype=torch.int64, device=dev)
-        sums = torch.empty((M, tiles), dtype=torch.float32, device=dev)
+        keys = torch.empty((M, topk, tiles), dtype=torch.int64, device="cuda")
+        sums = torch.empty((M, tiles), dtype=torch.float32, device="cuda")
 
         def launch():
             for w in copies:
@@ -139,21 +152,11 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
                                                  BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False, num_warps=nwarp,
                                                  num_stages=st)
 
-        launch()
-        torch.cuda.synchronize()
-        with torch.cuda.stream(torch.cuda.Stream()):
-            return triton.testing.do_bench_cudagraph(launch, rep=30, return_mode="median") * 1e3 / len(copies)
+        return graph_us(launch, len(copies))
 
-    rule = (time_tile(VOCAB_TILE, 128, 4, 4), VOCAB_TILE, 128, 4, 4)
-    best = []
-    for bv, bk, st, nwarp in LM_HEAD_TILES:
-        if st * (16 * bk * 4 + bv * bk * 2) > 200000:
-            continue
-        try:
-            best.append((time_tile(bv, bk, st, nwarp), bv, bk, st, nwarp))
-        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
-            continue
-    return {"rule": rule, "best": sorted(best)[:5], "floor_us_h200": V * H * 2 / 4.25e12 * 1e6}
+    return {**rule_and_best(time_tile, (VOCAB_TILE, 128, 4, 4), LM_HEAD_TILES,
+                            lambda bv, bk, st, nwarp: st * (16 * bk * 4 + bv * bk * 2)),
+            "floor_us_h200": V * H * 2 / 4.25e12 * 1e6}
 
 
 def main(argv=None) -> None:
