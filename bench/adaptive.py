@@ -55,7 +55,15 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.interleave import bring_up, combine_runs, measure_in_turn, measurement_order, paired_line, paired_ratio
+from bench.interleave import (
+    bring_up,
+    combine_runs,
+    measure_in_turn,
+    measurement_order,
+    one_after_another,
+    paired_line,
+    paired_ratio,
+)
 from bench.serve import (
     MAX_NEW_TOKENS,
     line_plot,
@@ -389,22 +397,15 @@ def main(argv=None):
 
     if args.interleave:
         return interleaved(servers, start, args, meta)
-    rows = []
-    for system, shape in servers:
-        server = start(system, shape)
-        try:
-            server.wait_ready(900)
-            attention = verify_attention(server)
-            for batch in args.batches:
-                result = measure(server.url, batch, args.real_pair)
-                rows.append(row(system, shape, batch, meta, attention, result))
-                print(server.name, batch, result, flush=True)
-        except Exception as e:  # a server that failed to start or serve: the sweep goes on without it
-            print(f"{server.name}: {e!r}", flush=True)
-        finally:
-            server.stop()
-            if rows:
-                save(args.out, rows)
+
+    def measure_batch(system, shape, server, attention, batch):
+        result = measure(server.url, batch, args.real_pair)
+        print(server.name, batch, result, flush=True)
+        return row(system, shape, batch, meta, attention, result)
+
+    # a server that failed to start or serve: the sweep goes on without it
+    one_after_another(servers, start, verify_attention, measure_batch, args.batches, lambda rows: save(args.out, rows),
+                      keep_going=True)
 
 
 def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict) -> dict:

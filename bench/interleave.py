@@ -4,7 +4,7 @@ reversed from one repeat to the next and the first order alternating between bat
 model, or small batches under ``--tp``) moves with whatever else the host does: one server after another, the same
 server's rows moved by up to 40 % between calls and the second server of a call ran slower than the first (8B at
 ``--tp 4``, 4 x H200: stock 5.02 ms first, 5.86 ms second; ours 5.54 ms first, 7.26 ms second); interleaved, both
-face the same host."""
+face the same host. Without ``--interleave`` both sweeps run their servers :func:`one_after_another`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,30 @@ def bring_up(groups: list[list[tuple]], start, attention_of, started: list) -> l
     if not ready:
         raise SystemExit("--interleave: no server started")
     return ready
+
+
+def one_after_another(servers: list[tuple], start, attention_of, measure_batch, batches: list[int], save_rows,
+                      keep_going: bool) -> None:
+    """Without ``--interleave``: each ``(system, shape)`` started alone (``start(system, shape)``), measured at every
+    batch once ready (``measure_batch(system, shape, server, attention_of(server), batch)`` -> a row) and stopped;
+    the rows so far saved (``save_rows(rows)``) after every server, failed or not, so a sweep cut short keeps what it
+    measured. A server that fails to start or serve is left out (``keep_going``) or ends the sweep."""
+    rows = []
+    for system, shape in servers:
+        server = start(system, shape)
+        try:
+            server.wait_ready(900)
+            attention = attention_of(server)
+            for batch in batches:
+                rows.append(measure_batch(system, shape, server, attention, batch))
+        except Exception as e:
+            if not keep_going:
+                raise
+            print(f"{server.name}: {e!r}", flush=True)
+        finally:
+            server.stop()
+            if rows:
+                save_rows(rows)
 
 
 def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: int, measure_one

@@ -60,6 +60,7 @@ from bench.interleave import (
     bring_up,
     combine_runs,
     measure_in_turn,
+    one_after_another,
     paired_line,
     paired_ratio,
 )
@@ -508,29 +509,23 @@ def main(argv=None):
 
     if args.interleave:
         return interleaved(servers, start, args, meta)
-    rows = []
-    for system, config in servers:
-        server = start(system, config)
-        try:
-            server.wait_ready(900)
-            attention = verify_attention(server)
-            for batch in args.batches:
-                result = timed_measure(server, batch, args.sampling_params)
-                stages, by_rank = {}, []
-                if args.profile_steps:
-                    try:
-                        by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{server.name}-b{batch}",
-                                                 args.profile_steps, args.tp, args.sampling_params)
-                        stages = by_rank[0]  # rank 0's
-                    except Exception as e:  # the cycle time stands without its breakdown
-                        print(f"{server.name} b{batch}: no stage breakdown: {e!r}", flush=True)
-                rows.append(row(system, config, batch, meta, attention, result, stages,
-                                by_rank if args.tp > 1 else None))
-                print(server.name, batch, result, json.dumps(stages), flush=True)
-        finally:
-            server.stop()
-            if rows:  # after every server, failed or not: a sweep cut short keeps what it measured
-                save(args.out, rows)
+
+    def measure_batch(system, config, server, attention, batch):
+        result = timed_measure(server, batch, args.sampling_params)
+        stages, by_rank = {}, []
+        if args.profile_steps:
+            try:
+                by_rank = profile_stages(server.url, batch, args.workdir / "traces" / f"{server.name}-b{batch}",
+                                         args.profile_steps, args.tp, args.sampling_params)
+                stages = by_rank[0]  # rank 0's
+            except Exception as e:  # the cycle time stands without its breakdown
+                print(f"{server.name} b{batch}: no stage breakdown: {e!r}", flush=True)
+        print(server.name, batch, result, json.dumps(stages), flush=True)
+        return row(system, config, batch, meta, attention, result, stages, by_rank if args.tp > 1 else None)
+
+    # a server that fails ends the sweep (its rows so far saved)
+    one_after_another(servers, start, verify_attention, measure_batch, args.batches, lambda rows: save(args.out, rows),
+                      keep_going=False)
 
 
 def row(system: str, config: tuple, batch: int, meta: dict, attention: str, result: dict, stages: dict | None = None,

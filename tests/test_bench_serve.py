@@ -373,3 +373,34 @@ def test_rows_keep_every_ranks_cycle_timing_from_after_the_warm_up(monkeypatch):
     assert serve.cycle_timing_by_rank("no timing here") is None
     table = serve.timing_table([{**row("eagle3", 8, 5.0, (3, 1, 4)), "cycle_timing": result["cycle_timing"]}])
     assert "| eagle3 | 3,1,4 | 8 | 1 | 0 | 5.00 | 3.75 | 4.75 | 1.00 |" in table
+
+
+@pytest.mark.parametrize("keep_going", [True, False], ids=["adaptive-skips", "serve-stops"])
+def test_one_after_another_saves_after_every_server_and_skips_or_stops_at_a_failure(keep_going):
+    """Without ``--interleave`` (both sweeps): servers one at a time, each stopped before the next starts, the rows so
+    far saved after each; a server that fails is left out (bench.adaptive) or ends the sweep (bench.serve)."""
+    from bench.interleave import one_after_another
+
+    servers, saved = ServerLog(), []
+    fake = servers.server_class()
+
+    def measure_batch(system, shape, server, attention, batch):
+        if system == "bad":
+            raise RuntimeError("died")
+        return (system, batch)
+
+    def run():
+        one_after_another([("a", None), ("bad", None), ("c", None)], lambda s, _: fake(s, "m", [], "w"),
+                          lambda server: "x", measure_batch, [1, 8], lambda rows: saved.append(list(rows)),
+                          keep_going)
+
+    if keep_going:
+        run()
+        assert servers.stopped == ["a", "bad", "c"]
+        assert saved == [[("a", 1), ("a", 8)]] * 2 + [[("a", 1), ("a", 8), ("c", 1), ("c", 8)]]
+    else:
+        with pytest.raises(RuntimeError, match="died"):
+            run()
+        assert servers.stopped == ["a", "bad"] and saved == [[("a", 1), ("a", 8)]] * 2
+    assert [e for e in servers.events if e[0] != "ready"] == [
+        e for name in servers.stopped for e in (("start", name), ("stop", name))]  # one at a time
