@@ -63,6 +63,7 @@ from bench.interleave import (
     one_after_another,
     paired_line,
     paired_ratio,
+    paired_section,
 )
 from bench.serve import (
     MAX_NEW_TOKENS,
@@ -289,12 +290,7 @@ def paired_table(by_batch: dict) -> str:
                      and other.get("round_robin") == r.get("round_robin") else None)
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
-    if not lines:
-        return ""
-    return "\n".join(["", "Run by run (interleaved: run i of every server in the same repeat, next to each other in "
-                      "time), tok/s ratios, their geometric mean and its 90 % t-interval:", "",
-                      "| batch | systems | runs | geometric mean | 90 % interval |", "|---|---|---|---|---|",
-                      *lines]) + "\n"
+    return paired_section("tok/s ratios", "systems", lines)
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -124,6 +124,17 @@ def paired_ratio(a: list[float], b: list[float]) -> dict | None:
             "pairs": n}
 
 
+def paired_section(measured: str, label_column: str, lines: list[str]) -> str:
+    """The report's run-by-run table of :func:`paired_line` rows (``measured``: what the ratios compare); "" without
+    rows."""
+    if not lines:
+        return ""
+    return "\n".join(["", "Run by run (interleaved: run i of every server in the same repeat, next to each other in "
+                      f"time), {measured}, the geometric mean and its 90 % t-interval:", "",
+                      f"| batch | {label_column} | runs | geometric mean | 90 % interval |", "|---|---|---|---|---|",
+                      *lines]) + "\n"
+
+
 def paired_line(label: str, batch, p: dict) -> str:
     """One markdown row of a :func:`paired_ratio` result."""
     runs = " / ".join(f"{x:.2f}" for x in p["ratios"])

@@ -63,6 +63,7 @@ from bench.interleave import (
     one_after_another,
     paired_line,
     paired_ratio,
+    paired_section,
 )
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
@@ -331,12 +332,7 @@ def paired_table(rows: list[dict], stock_rows: dict) -> str:
              if r["system"] == "eagle_triton" and stock and stock.get("session") == r.get("session") else None)
         if p:
             lines.append(paired_line("{},{},{}".format(r["steps"], r["topk"], r["draft_tokens"]), r["batch"], p))
-    if not lines:
-        return ""
-    return "\n".join(["", "Run by run (interleaved: run i of both servers in the same repeat, next to each other in "
-                      "time), ours / stock cycle, the geometric mean and its 90 % t-interval:", "",
-                      "| batch | steps,topk,n | runs | geometric mean | 90 % interval |", "|---|---|---|---|---|",
-                      *lines]) + "\n"
+    return paired_section("ours / stock cycle", "steps,topk,n", lines)
 
 
 def timing_table(rows: list[dict]) -> str:
