@@ -3,7 +3,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees eagle_triton_cost_mixed] \\
+                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -89,6 +89,9 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
     "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server
+    # steps 0 for good (SGLang's policy with the one candidate 0): what "off" costs against no-spec's plain decode
+    # step where the host sets the cycle (the trained pair), the speculative scheduling path around every step
+    "eagle_triton_off": ("EAGLE_TRITON", "off"),
 }
 # eagle_triton_cost's candidate step counts: SGLang 0.5.17's default brackets' union (0, 1, 3, 7) and 5, the chain
 # of the real pair's best static shape (5,1,6) (rows: 'candidates'; rows without it ran 0, 1, 3, 7)
@@ -117,6 +120,10 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
         if policy == "cost":
             config = config_dir / "adaptive-cost.json"
             config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": COST_CANDIDATES}}))
+            args += ["--speculative-adaptive-config", str(config)]
+        if policy == "off":
+            config = config_dir / "adaptive-off.json"
+            config.write_text(json.dumps({"1": {"candidate_steps": [0]}}))
             args += ["--speculative-adaptive-config", str(config)]
         if policy in ("cost-trees", "cost-mixed"):
             config = config_dir / f"adaptive-{policy}.json"

@@ -1,7 +1,7 @@
 """Micro-benchmarks: our Triton kernels vs sgl-kernel's CUDA ops and SGLang's serial Triton ports.
 
-    python -m bench.kernels [--out bench/results] [--verify-attention-only | --embed-shard-only]   (on a GPU with
-                                                                             SGLang 0.5.17, from the repository root)
+    python -m bench.kernels [--out bench/results] [--verify-attention-only | --embed-shard-only | --sampling-only]
+                                                          (on a GPU with SGLang 0.5.17, from the repository root)
 
 Each row times one implementation of one op, median of ``triton.testing.do_bench``: ``eager_us``
 as served (a Python call with its launches and allocations), ``graph_us`` inside a CUDA graph
@@ -138,15 +138,17 @@ def bench_simulated_walk(bs, steps, topk, n):
     return {"triton (ours, benchmark-only)": time_us(run)}, touched
 
 
-def bench_target_probs(bs, n, vocab=TARGET_VOCAB):
+def bench_target_probs(bs, n, vocab=TARGET_VOCAB, scale=3.0):
     """Target distribution of sampled verification for bs * n rows, typical sampling parameters
     (T 0.7, top_k 20, top_p 0.9, min_p 0): ours (joint filters, one kernel) vs stock SGLang's sequence in
     eagle_sample (softmax of logits / T, then sgl-kernel top_k_renorm_prob, then top_p_renorm_prob, with
-    per-row parameters by repeat_interleave)."""
+    per-row parameters by repeat_interleave). Logits N(0, scale**2): 3 a peaked row; 1e-4 the flat rows of a
+    dummy-weight target (``--load-format dummy``, bench.serve), our search's worst case: every token stays inside
+    the key bracket pass after pass."""
     from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
 
     gen = torch.Generator(device="cuda").manual_seed(bs * 1000 + n)
-    logits = torch.randn(bs * n, vocab, device="cuda", generator=gen) * 3
+    logits = torch.randn(bs * n, vocab, device="cuda", generator=gen) * scale
     temperatures = torch.full((bs, 1), 0.7, device="cuda")
     top_ks = torch.full((bs,), 20, dtype=torch.int32, device="cuda")
     top_ps = torch.full((bs,), 0.9, device="cuda")
@@ -265,6 +267,8 @@ OPS = [
     ("verify_tree_greedy", bench_verify, cases(BATCHES)),
     ("simulated_walk", bench_simulated_walk, cases(BATCHES)),
     ("target_probs", lambda bs, steps, topk, n: bench_target_probs(bs, n), cases(TARGET_PROBS_BATCHES)),
+    ("target_probs_flat", lambda bs, steps, topk, n: bench_target_probs(bs, n, scale=1e-4),
+     cases(TARGET_PROBS_BATCHES)),
     ("tree_sampling", bench_tree_sampling, cases(TARGET_PROBS_BATCHES)),
     ("verify_attention", bench_verify_attention, cases(BATCHES) + [(3, 1, 4, bs) for bs in BATCHES]),
     ("embed_shard_tp4", bench_embed_shard, cases(BATCHES)),
@@ -295,14 +299,16 @@ def gpu_run_setup(doc: str, switches: tuple[str, ...] = (), numbers: dict[str, i
 def main():
     import sglang
 
-    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only", "--embed-shard-only"))
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only", "--embed-shard-only",
+                                                                    "--sampling-only"))
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3
     rows = []
     for op, bench, op_cases in OPS:
         if (args.verify_attention_only and not op.startswith("verify_attention")
-                or args.embed_shard_only and not op.startswith("embed_shard")):
+                or args.embed_shard_only and not op.startswith("embed_shard")
+                or args.sampling_only and not op.startswith(("target_probs", "tree_sampling"))):
             continue
         for steps, topk, n, bs in op_cases:
             timings, touched = bench(bs, steps, topk, n)

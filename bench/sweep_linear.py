@@ -4,14 +4,19 @@ stages, warps) per shape. H200 results: results/2026-11-26-NVIDIA_H200-linear-sw
 serves those shapes since (``CUBLAS_MIN_ROWS``).
 
     python -m bench.sweep_linear OUT.json        (on a GPU, from the repository root)
-    python -m bench.sweep_linear OUT.json --tp 4 rank 0's shards at --tp 4 (1 and 8 rows, cold weights): the tiles
-                                                 (BLOCK_K up to 512, deeper pipelines) against linear's own choice,
-                                                 and the draft LM head's tile pass over its vocabulary shard
+    python -m bench.sweep_linear OUT.json --tp 1 2 4    rank 0's shards at each TP size (1: the one-GPU draft;
+                                                        1 and 8 rows, cold weights): the tiles (BLOCK_K up to 512,
+                                                        deeper pipelines) against linear's own choice, and the
+                                                        draft LM head's tile pass over its vocabulary shard
+                                                        (--ops qkv o_proj gate_up down lm_head, --rows 1 8)
 
 At --tp 4 shard shapes linear's rule gives too few bytes in flight at one row (qkv N 1536: 96 programs of 16
 columns, 19.8 us vs cuBLAS 13.8, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md), and the LM
 head's 8000-row shard gives 125 vocabulary tiles (60 us against a 15.4 us floor); ``--tp`` says which tiles would
-fix that before the rules change.
+fix that before the rules change. An H200 run at --tp 4 (results/2026-11-27-NVIDIA_H200-sweep-linear-tp4.json): the
+rule / the best tile 1.34x at qkv (BLOCK_N 32, BLOCK_K 512), 1.55x at gate_up (32, 256), 1.18x at down (32, 512),
+1.06x at o_proj, 1.64x at the LM head's tile pass (BLOCK_K 256); the one-GPU shapes were never swept above
+BLOCK_K 128, so a new rule needs --tp 1 2 4 first.
 """
 
 import argparse
@@ -88,9 +93,10 @@ def rule_and_best(time_tile, rule: tuple, tiles, smem_of) -> dict:
 
 # Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul) with the inputs the
 # drafter passes (qkv: the bf16 [embed; hidden] of 2H; gate_up: the fp32 residual sum, normalised); the row-parallel
-# o_proj and down run without their residual epilogue under TP (added after the all-reduce: drafter._row_parallel)
+# o_proj and down run without their residual epilogue under TP (added after the all-reduce: drafter._row_parallel);
+# timed so at --tp 1 as well, where the one-GPU drafter fuses that epilogue (one [M, N] read more)
 TP_OPS = {"qkv": lambda tp: (6144 // tp, 8192, False), "o_proj": lambda tp: (4096, 4096 // tp, False),
-          "gate_up + silu_mul": lambda tp: (14336 // tp, 4096, True), "down": lambda tp: (4096, 14336 // tp, False)}
+          "gate_up": lambda tp: (14336 // tp, 4096, True), "down": lambda tp: (4096, 14336 // tp, False)}
 SKINNY_TILES = list(itertools.product([16, 32, 64], [128, 256, 512], [2, 3, 4, 6], [4]))  # BLOCK_N, BLOCK_K, stages
 COLD_BYTES = 256 << 20  # weights cycled through per timing: none re-read from L2 (50 MB on an H100 / H200)
 
@@ -159,30 +165,38 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
             "floor_us_h200": V * H * 2 / 4.25e12 * 1e6}
 
 
+OPS = [*TP_OPS, "lm_head"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--tp", type=int, default=1, help="sweep rank 0's shard shapes at this TP size instead")
+    parser.add_argument("--tp", type=int, nargs="+", help="sweep rank 0's shard shapes at these TP sizes (1: the "
+                        "whole one-GPU draft layer) instead of the many-row shapes")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS, help="with --tp: only these ops")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="with --tp: rows of each op")
     args = parser.parse_args(argv)
     res = {"gpu": torch.cuda.get_device_name()}
-    if args.tp > 1:
-        for op, shape in TP_OPS.items():
-            N, K, silu = shape(args.tp)
-            for M in (1, 8):
-                key = f"tp{args.tp} {op} M{M} N{N} K{K}"
-                res[key] = sweep_tp_shape(M, N, K, silu)
-                print(key, res[key], flush=True)
-        for M in (1, 8):
-            key = f"tp{args.tp} lm_head tile pass M{M} V{DRAFT_VOCAB // args.tp}"
-            res[key] = sweep_lm_head_shard(M, DRAFT_VOCAB // args.tp)
-            print(key, res[key], flush=True)
-    else:
+
+    def record(key, value):  # saved after every shape: a call cut by its deadline keeps what it measured
+        res[key] = value
+        print(key, value, flush=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    if not args.tp:
         for M, N, K, silu, xdt in SHAPES:
-            key = f"M{M} N{N} K{K} silu{silu}"
-            res[key] = sweep_shape(M, N, K, silu, xdt)[:5]
-            print(key, res[key], flush=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+            record(f"M{M} N{N} K{K} silu{silu}", sweep_shape(M, N, K, silu, xdt)[:5])
+        return
+    for tp in args.tp:
+        for op in args.ops:
+            for M in args.rows:
+                if op == "lm_head":
+                    record(f"tp{tp} lm_head tile pass M{M} V{DRAFT_VOCAB // tp}",
+                           sweep_lm_head_shard(M, DRAFT_VOCAB // tp))
+                else:
+                    N, K, silu = TP_OPS[op](tp)
+                    record(f"tp{tp} {op} M{M} N{N} K{K}", sweep_tp_shape(M, N, K, silu))
 
 
 if __name__ == "__main__":
