@@ -26,10 +26,7 @@ on an H100 32 slices of 4096 tokens at V = 128256 up to 8 rows, fewer as rows gr
 program each on grid ``(rows, SPLIT)``, and every pass is one launch that reads the slice's logits (never
 a scratch copy):
 
-1. ``_stats_kernel``: per slice, the max of ``l``, the sum of ``exp(l - max)``, the first argmax and the min of
-   ``l`` (the search starts at the row's smallest key when that lies above 2**-32: a near-flat row, e.g. a
-   dummy-weight target's, has all its keys within a few thousand of 1's, and a search from 2**-32 would keep
-   every token in its bracket for its first four passes);
+1. ``_stats_kernel``: per slice, the max of ``l``, the sum of ``exp(l - max)`` and the first argmax;
 2. ``_search_kernel``, ``MAX_PASSES`` launches: each tests ``G - 1`` probe keys at once inside the key
    bracket ``[lo, hi]`` that holds ``tau``: per probe, count and mass of the slice's tokens of the bracket
    above it, by ``[BLOCK_S, G]`` compares that chunks without a token of the bracket skip. The first probe
@@ -45,7 +42,7 @@ partials itself (all in the same order, so they agree bit for bit) and advances 
 stores it for the next launch. A row in one program (``SPLIT == 1``) needs no partials: it runs its whole
 search in the first search launch, and the other ``MAX_PASSES - 1`` are not launched (``MAX_PASSES + 2``
 launches when rows are split, else 3; fixed for a given shape). Scratch, int32 (floats stored in place):
-``[R, 4, SPLIT]`` slice statistics, then two slots of ``[R, 8]`` search state and two of
+``[R, 3, SPLIT]`` slice statistics, then two slots of ``[R, 8]`` search state and two of
 ``[R, SPLIT, 2, G]`` partials; pass ``p`` writes slots ``p % 2`` and reads slots ``(p - 1) % 2``.
 
 Rows need no search when top-k and top-p are both off (``top_k >= V``, ``top_p >= 1``: one pass sums
@@ -67,8 +64,6 @@ BLOCK_V = 2048  # tokens per loop step
 BLOCK_S = 512  # tokens per [BLOCK_S, G] probe compare
 G = 32  # probes per search pass
 MAX_PASSES = 7  # search passes that always suffice (module docstring)
-STATS = tl.constexpr(4)  # words of statistics per slice: max(l), sum(exp(l - max)), first argmax, min(l)
-STATS_WORDS = STATS.value
 
 
 @triton.jit
@@ -102,16 +97,15 @@ def _request(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, request, V: tl.co
 
 @triton.jit
 def _row_stats(scratch_ptr, fscratch_ptr, stats, split, V: tl.constexpr, MAX_SPLIT: tl.constexpr):
-    """``(max(l), sum(exp(l - max)), first argmax, min(l))`` of the row, from its slices' statistics."""
+    """``(max(l), sum(exp(l - max)), first argmax)`` of the row, from its slices' statistics."""
     ids = tl.arange(0, MAX_SPLIT)
     valid = ids < split
     maxes = tl.load(fscratch_ptr + stats + ids, mask=valid, other=float("-inf"))
     sums = tl.load(fscratch_ptr + stats + split + ids, mask=valid, other=0.0)
     firsts = tl.load(scratch_ptr + stats + 2 * split + ids, mask=valid, other=V)
-    mins = tl.load(fscratch_ptr + stats + 3 * split + ids, mask=valid, other=float("inf"))
     row_max = tl.max(maxes, axis=0)
     z = tl.sum(sums * tl.exp(maxes - row_max), axis=0)
-    return row_max, z, tl.min(tl.where(maxes == row_max, firsts, V), axis=0), tl.min(mins, axis=0)
+    return row_max, z, tl.min(tl.where(maxes == row_max, firsts, V), axis=0)
 
 
 @triton.jit
@@ -168,15 +162,10 @@ def _row_state(scratch_ptr, fscratch_ptr, row, p, split, state_in, part_in, top_
     advances the state stored before pass ``p - 1`` (slot ``state_in``) by that pass's partials (slot
     ``part_in``), which it sums over the slices."""
     if p == 0:
-        row_max, z, _, row_min = _row_stats(scratch_ptr, fscratch_ptr, row * STATS * split, split, V, MAX_SPLIT)
-        # A search starts at FLOOR_KEY, or higher at min_key or at the row's smallest key (a flat row's keys span a
-        # few thousand of the 2**28 above the floor: the passes then narrow those, not empty key space); probe 0
-        # of its first pass tests that start. The smallest key is e's as _exp_keys computes it (exp and rounding
-        # are monotone). No search: tau = lo = min_key and one pass sums its mass; keep all (its mass: z) when
-        # min_key is 0.
-        smallest = tl.exp(row_min - row_max).to(tl.int32, bitcast=True)
-        start = tl.maximum(tl.maximum(min_key, FLOOR_KEY), tl.where(row_min > float("-inf"), smallest, 0))
-        lo = tl.where(greedy, KEY_ONE, tl.where(settled, min_key, start))
+        row_max, z, _ = _row_stats(scratch_ptr, fscratch_ptr, row * 3 * split, split, V, MAX_SPLIT)
+        # A search starts at FLOOR_KEY (or min_key if higher); probe 0 of its first pass tests the floor.
+        # No search: tau = lo = min_key and one pass sums its mass; keep all (its mass: z) when min_key is 0.
+        lo = tl.where(greedy, KEY_ONE, tl.where(settled, min_key, tl.maximum(min_key, FLOOR_KEY)))
         hi = tl.full((), KEY_ONE, tl.int32)
         c_hi = tl.full((), 0, tl.int32)
         done = (greedy | (settled & (lo == 0))).to(tl.int32)
@@ -236,7 +225,6 @@ def _stats_kernel(logits_ptr, temperature_ptr, scratch_ptr, fscratch_ptr, rows_p
     base = row * V
     temperature = tl.load(temperature_ptr + row // rows_per_request).to(tl.float32)
     m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    lo_vec = tl.full([BLOCK_V], float("inf"), tl.float32)  # per lane, the smallest l (masked tokens, -inf, count)
     s_vec = tl.zeros([BLOCK_V], tl.float32)
     i_vec = tl.zeros([BLOCK_V], tl.int32)  # per lane, the first index holding its max
     start, end = _slice(slice_len, V)
@@ -244,7 +232,6 @@ def _stats_kernel(logits_ptr, temperature_ptr, scratch_ptr, fscratch_ptr, rows_p
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + base + offs, mask=offs < end, other=float("-inf"))
         scaled = tl.math.div_rn(x, temperature)  # as in _exp_keys
-        lo_vec = tl.where(offs < end, tl.minimum(lo_vec, scaled), lo_vec)
         i_vec = tl.where(scaled > m_vec, offs, i_vec)
         m_new = tl.maximum(m_vec, scaled)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # lanes that saw only -inf keep s = 0, no nan
@@ -253,11 +240,10 @@ def _stats_kernel(logits_ptr, temperature_ptr, scratch_ptr, fscratch_ptr, rows_p
         start += BLOCK_V
     slice_max = tl.max(m_vec, axis=0)
     total = tl.sum(s_vec * tl.exp(m_vec - tl.where(slice_max > float("-inf"), slice_max, 0.0)), axis=0)
-    stats = row * STATS * split + tl.program_id(1)
+    stats = row * 3 * split + tl.program_id(1)
     tl.store(fscratch_ptr + stats, slice_max)
     tl.store(fscratch_ptr + stats + split, total)
     tl.store(scratch_ptr + stats + 2 * split, tl.min(tl.where(m_vec == slice_max, i_vec, V), axis=0))
-    tl.store(fscratch_ptr + stats + 3 * split, tl.min(lo_vec, axis=0))
 
 
 @triton.jit(do_not_specialize=["split", "p", "state_in", "state_out", "part_in", "part_out"])
@@ -321,7 +307,7 @@ def _write_kernel(logits_ptr, out_ptr, temperature_ptr, top_k_ptr, top_p_ptr, mi
         V, G, MAX_SPLIT)
     argmax = V
     if greedy:
-        argmax = _row_stats(scratch_ptr, fscratch_ptr, row * STATS * split, split, V, MAX_SPLIT)[2]
+        argmax = _row_stats(scratch_ptr, fscratch_ptr, row * 3 * split, split, V, MAX_SPLIT)[2]
     start, end = _slice(slice_len, V)
     while start < end:
         offs = start + tl.arange(0, BLOCK_V)
@@ -358,7 +344,7 @@ def prepare_target_probs(
     Returns ``out`` (allocated when None). Rows with top_k = 1 (greedy) come out one-hot at the
     first argmax of ``logits / T``. CUDA-graph safe: no host sync; ``MAX_PASSES + 2`` launches on grid
     ``(R, SPLIT)``, 3 when ``SPLIT == 1``, whatever the data (``SPLIT`` depends on ``R`` and ``V`` only);
-    allocates ``out`` (when None) and an int32 scratch of ``R * (4 * SPLIT + 16 + 4 * G * SPLIT)`` words.
+    allocates ``out`` (when None) and an int32 scratch of ``R * (3 * SPLIT + 16 + 4 * G * SPLIT)`` words.
     """
     R, V = logits.shape
     assert logits.dtype == torch.float32 and logits.is_contiguous()
@@ -373,11 +359,11 @@ def prepare_target_probs(
     if R == 0 or V == 0:
         return out
     split, slice_len = row_slices(R, V, BLOCK_V, logits.device)
-    # Scratch regions (int32 words; floats stored in place): [R, 4, split] slice statistics, then two slots
+    # Scratch regions (int32 words; floats stored in place): [R, 3, split] slice statistics, then two slots
     # of [R, 8] search state and two of [R, split, 2, G] partial counts and masses; pass p writes slots p % 2.
-    state = [STATS_WORDS * R * split + slot * 8 * R for slot in (0, 1)]
-    part = [STATS_WORDS * R * split + 16 * R + slot * 2 * G * R * split for slot in (0, 1)]
-    scratch = torch.empty(R * (STATS_WORDS * split + 16 + 4 * G * split), dtype=torch.int32, device=logits.device)
+    state = [3 * R * split + slot * 8 * R for slot in (0, 1)]
+    part = [3 * R * split + 16 * R + slot * 2 * G * R * split for slot in (0, 1)]
+    scratch = torch.empty(R * (3 * split + 16 + 4 * G * split), dtype=torch.int32, device=logits.device)
     common = (scratch, scratch.view(torch.float32), rows_per_request, split, slice_len)
     params = (temperatures, top_ks, top_ps, min_ps)
     grid = (R, split)
