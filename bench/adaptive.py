@@ -122,9 +122,11 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
             config.write_text(json.dumps({"eagle_triton_policy": "cost", "1": {"candidate_steps": COST_CANDIDATES}}))
             args += ["--speculative-adaptive-config", str(config)]
         if policy == "off":
+            # every batch up to 64 running requests has steps 0 alone; the server starts at the drafting candidate
+            # of a bracket no batch reaches (an adaptive start at steps 0 is refused: config.handle_server_args)
             config = config_dir / "adaptive-off.json"
-            config.write_text(json.dumps({"1": {"candidate_steps": [0]}}))
-            args += ["--speculative-adaptive-config", str(config)]
+            config.write_text(json.dumps({"1": {"candidate_steps": [0]}, "65": {"candidate_steps": [1]}}))
+            args += ["--speculative-adaptive-config", str(config), "--speculative-num-steps", "1"]
         if policy in ("cost-trees", "cost-mixed"):
             config = config_dir / f"adaptive-{policy}.json"
             given = TREE_DRAFT_TOKENS if policy == "cost-trees" else MIXED_DRAFT_TOKENS

@@ -337,7 +337,8 @@ def markdown(rows, gpu, bandwidth, launch_us) -> str:
         "Times are medians in microseconds: eager (as served) / CUDA graph (device). build_tree: the whole",
         f"step as SGLang's triton backend runs it (FULL_MASK uint8 buffer for {MAX_CONTEXT} context, prefix",
         f"columns set, ~{MEAN_PREFIX}-token ragged prefixes). target_probs: batch * n rows of {TARGET_VOCAB}",
-        "logits, T 0.7, top_k 20, top_p 0.9; stock = softmax, sgl-kernel top_k_renorm_prob, top_p_renorm_prob.",
+        "logits, N(0, 9) (target_probs_flat: N(0, 1e-4**2), a dummy-weight target's near-flat rows), T 0.7, top_k 20, "
+        "top_p 0.9; stock = softmax, sgl-kernel top_k_renorm_prob, top_p_renorm_prob.",
         "Ratio: ours / stock, eager.",
         "",
         "Stock: sgl-kernel's CUDA op; for verify_attention SGLang's two-stage Triton extend kernel (what its",

@@ -171,8 +171,9 @@ OPS = [*TP_OPS, "lm_head"]
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--tp", type=int, nargs="+", help="sweep rank 0's shard shapes at these TP sizes (1: the "
-                        "whole one-GPU draft layer) instead of the many-row shapes")
+    parser.add_argument("--tp", type=int, nargs="+", choices=[1, 2, 4, 8],
+                        help="sweep rank 0's shard shapes at these TP sizes (1: the whole one-GPU draft layer) instead "
+                        "of the many-row shapes")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS, help="with --tp: only these ops")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="with --tp: rows of each op")
     args = parser.parse_args(argv)

@@ -565,6 +565,11 @@ def handle_server_args(sa) -> None:
     _check_tensor_parallel_trial(sa, os.environ[DRAFT_KIND_ENV])
     if not sa.speculative_adaptive:
         _resolve_tree_shape(sa)
+    elif sa.speculative_num_steps == 0:  # the initial state is the worker's own: built drafting, never as steps 0
+        _refuse("--speculative-adaptive starting at steps 0 (--speculative-num-steps 0, or a config file whose "
+                "candidate_steps are [0] alone: SGLang starts at the middle candidate)",
+                "Start at a drafting candidate: pass --speculative-num-steps N > 0 from candidate_steps (the policy "
+                "reaches steps 0 by itself).")
     elif (sa.speculative_eagle_topk or 1) > 1:  # tree candidates: SGLang set draft tokens = steps + 1 (chains)
         _resolve_adaptive_trees(sa)
     if sa.max_running_requests is None:

@@ -264,6 +264,13 @@ def test_adaptive_runs_as_stock_eagle3s(tmp_path):
     cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 200]}}))
     with pytest.raises(EagleTritonConfigError, match="candidate steps 200"):
         _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
+    # the initial state is built as a drafting worker, never as steps 0 (its one-node verify attention): refused
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 1, 3]}}))
+    with pytest.raises(EagleTritonConfigError, match="starting at steps 0"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--speculative-num-steps", "0")
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [0]}}))
+    with pytest.raises(EagleTritonConfigError, match="starting at steps 0"):
+        _args("--speculative-adaptive", "--speculative-adaptive-config", str(cfg))
 
 
 def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_path, monkeypatch):

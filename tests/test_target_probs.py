@@ -228,18 +228,21 @@ def test_search_that_needs_every_pass(device, vocab):
 
 
 @pytest.mark.parametrize("vocab", [200, 12288])
-@pytest.mark.parametrize("drop", [0, 1, 3])
+@pytest.mark.parametrize("drop", [1, 3])
 def test_near_flat_rows_at_their_smallest_tokens(device, vocab, drop):
     """Near-flat rows (every e = exp(l - max) far above 2**-32, split over programs at 12288 tokens): top-k drops
-    exactly the ``drop`` smallest tokens, or (0) a top-p just below 1 keeps every one through a search."""
+    exactly the ``drop`` smallest tokens (a search cut short, e.g. at two passes, keeps them)."""
     gen = torch.Generator().manual_seed(vocab + drop)
-    top_k, top_p = (vocab, 1 - 1e-7) if drop == 0 else (vocab - drop, 1.0)
+    top_k, top_p = vocab - drop, 1.0
     params = (1.0, top_k, top_p, 0.0)
     rows = []
-    while len(rows) < 2:
+    for _ in range(200):
+        if len(rows) == 2:
+            break
         row = torch.randn(vocab, generator=gen) * 0.05
         if not ambiguous(row, *params, ties_ok=False):
             rows.append(row)
+    assert len(rows) == 2, "no unambiguous near-flat rows"
     args = (torch.stack(rows), torch.ones(2), torch.tensor([top_k] * 2, dtype=torch.int32), torch.tensor([top_p] * 2),
             torch.zeros(2), 1)
     got = check(device, args)
