@@ -285,13 +285,14 @@ def report(rows: list[dict]) -> str:
 
 
 def paired_table(by_batch: dict) -> str:
-    """Markdown: for interleaved rows (``runs``), each cost policy's tok/s over every other system of its batch, card
-    and sweep (``session``; rows written before sessions were recorded pair by key), run by run
-    (:func:`bench.interleave.paired_ratio`), with the geometric mean and its 90 % interval."""
+    """Markdown: for interleaved rows (``runs``), each cost policy's (and ``eagle_triton_off``'s: steps 0 against a
+    plain decode step) tok/s over every other system of its batch, card and sweep (``session``; rows written before
+    sessions were recorded pair by key), run by run (:func:`bench.interleave.paired_ratio`), with the geometric mean
+    and its 90 % interval."""
     lines = []
     for (batch, _), group in sorted(by_batch.items()):
         for r in group:
-            if not str(SYSTEMS.get(r["system"], (None, None))[1]).startswith("cost"):
+            if not str(SYSTEMS.get(r["system"], (None, None))[1]).startswith(("cost", "off")):
                 continue
             for other in sorted(group, key=lambda o: -o["tok_per_s"]):
                 p = (paired_ratio(r.get("runs", []), other.get("runs", []))

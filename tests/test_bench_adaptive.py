@@ -265,3 +265,8 @@ def test_runs_of_different_sweeps_are_not_paired():
     assert "Run by run" not in adaptive.report(rows)
     rows[1]["session"] = "a"
     assert "| 1 | eagle_triton_cost / nospec | 2.00 / 0.67 | 1.155 |" in adaptive.report(rows)
+    # steps 0 for good over no-spec (a plain decode step), run by run; two policies pair each with the other
+    rows.append(dict(base, system="eagle_triton_off", tok_per_s=1.5, runs=[1.0, 2.0], session="a"))
+    report = adaptive.report(rows)
+    assert "| 1 | eagle_triton_off / nospec | 1.00 / 0.67 |" in report
+    assert "| 1 | eagle_triton_off / eagle_triton_cost | 0.50 / 1.00 |" in report
