@@ -280,6 +280,11 @@ OPS = [
 ]
 
 
+# switch -> the ops it runs alone (their names' prefixes)
+ONLY = {"--verify-attention-only": ("verify_attention",), "--embed-shard-only": ("embed_shard",),
+        "--sampling-only": ("target_probs", "tree_sampling")}
+
+
 def gpu_run_setup(doc: str, switches: tuple[str, ...] = (), numbers: dict[str, int] | None = None
                   ) -> tuple[Path, str, float, argparse.Namespace]:
     """What every GPU benchmark starts with: ``(--out folder, default bench/results; the GPU's name; its
@@ -299,16 +304,14 @@ def gpu_run_setup(doc: str, switches: tuple[str, ...] = (), numbers: dict[str, i
 def main():
     import sglang
 
-    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--verify-attention-only", "--embed-shard-only",
-                                                                    "--sampling-only"))
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, tuple(ONLY))
     x = torch.empty(1, device="cuda")
     launch_us = triton.testing.do_bench(lambda: _empty_kernel[(1,)](x), warmup=25, rep=100,
                                         return_mode="median") * 1e3
     rows = []
     for op, bench, op_cases in OPS:
-        if (args.verify_attention_only and not op.startswith("verify_attention")
-                or args.embed_shard_only and not op.startswith("embed_shard")
-                or args.sampling_only and not op.startswith(("target_probs", "tree_sampling"))):
+        if any(getattr(args, switch[2:].replace("-", "_")) and not op.startswith(prefixes)
+               for switch, prefixes in ONLY.items()):
             continue
         for steps, topk, n, bs in op_cases:
             timings, touched = bench(bs, steps, topk, n)

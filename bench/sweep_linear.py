@@ -42,24 +42,22 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
     w = torch.randn((2 if silu else 1) * N, K, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     nw = torch.ones(K, device="cuda", dtype=torch.bfloat16)
-    best = []
-    for bm, bn, bk, st, nwarp in TILES:
+    def fits(bm, bn, bk, st, nwarp):
         smem = st * (bm * bk * x.element_size() + (1 + silu) * bn * bk * 2)
-        if (nwarp == 8) != (bm >= 64) or bm > max(16, M) or smem > 220000:
-            continue
+        return (nwarp == 8) == (bm >= 64) and bm <= max(16, M) and smem <= 220000
+
+    def time_tile(bm, bn, bk, st, nwarp):
         grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
 
-        def launch(grid=grid, bm=bm, bn=bn, bk=bk, st=st, nwarp=nwarp):
+        def launch():
             _linear_kernel[grid](x, x.stride(0), w, out, nw, out, 0, out, out.stride(0), out, M, N, 1e-5,
                                  K=K, NORM=silu, HAS_BIAS=False, SILU_MUL=silu, ADD_RESIDUAL=False,
                                  WRITE_SUM=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DTYPE=tl.bfloat16, USE_GDC=False,
                                  num_warps=nwarp, num_stages=st)
 
-        try:
-            best.append((graph_us(launch), bm, bn, bk, st, nwarp))
-        except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
-            continue
-    return sorted(best)
+        return graph_us(launch)
+
+    return timed_tiles(time_tile, TILES, fits)
 
 
 def graph_us(launch, per: int = 1) -> float:
@@ -76,19 +74,24 @@ def cold_copies(rows: int, cols: int) -> list[torch.Tensor]:
             for _ in range(triton.cdiv(COLD_BYTES, rows * cols * 2))]
 
 
-def rule_and_best(time_tile, rule: tuple, tiles, smem_of) -> dict:
-    """``{"rule": (us, *rule), "best": the five fastest (us, *tile)}``: ``time_tile(*tile)`` for the kernel's own
-    choice and for every tile of ``tiles`` whose shared memory ``smem_of(*tile)`` fits; a tile that fails is
-    skipped."""
-    timed_rule, best = (time_tile(*rule), *rule), []
+def timed_tiles(time_tile, tiles, fits) -> list[tuple]:
+    """``(time_tile(*tile), *tile)`` of every tile of ``tiles`` that ``fits(*tile)`` and runs, fastest first."""
+    timed = []
     for tile in tiles:
-        if smem_of(*tile) > 200000:
+        if not fits(*tile):
             continue
         try:
-            best.append((time_tile(*tile), *tile))
+            timed.append((time_tile(*tile), *tile))
         except Exception:  # a tile that does not fit this GPU (shared memory, registers) is skipped
             continue
-    return {"rule": timed_rule, "best": sorted(best)[:5]}
+    return sorted(timed)
+
+
+def rule_and_best(time_tile, rule: tuple, tiles, smem_of) -> dict:
+    """``{"rule": (us, *rule), "best": the five fastest (us, *tile)}``: ``time_tile(*tile)`` for the kernel's own
+    choice and for every tile of ``tiles`` whose shared memory ``smem_of(*tile)`` fits (:func:`timed_tiles`)."""
+    timed_rule = (time_tile(*rule), *rule)  # first, as before the tiles
+    return {"rule": timed_rule, "best": timed_tiles(time_tile, tiles, lambda *tile: smem_of(*tile) <= 200000)[:5]}
 
 
 # Llama-3.1-8B EAGLE-3 draft layer, rank 0's shard at --tp N: op -> (N, K, norm + silu_mul) with the inputs the
@@ -99,6 +102,7 @@ TP_OPS = {"qkv": lambda tp: (6144 // tp, 8192, False), "o_proj": lambda tp: (409
           "gate_up": lambda tp: (14336 // tp, 4096, True), "down": lambda tp: (4096, 14336 // tp, False)}
 SKINNY_TILES = list(itertools.product([16, 32, 64], [128, 256, 512], [2, 3, 4, 6], [4]))  # BLOCK_N, BLOCK_K, stages
 COLD_BYTES = 256 << 20  # weights cycled through per timing: none re-read from L2 (50 MB on an H100 / H200)
+H200_COPY_BYTES_PER_S = 4.25e12  # the floors' bandwidth: an H200's copy, as bench.drafter measured it
 
 
 def sweep_tp_shape(M, N, K, silu) -> dict:
@@ -127,7 +131,7 @@ def sweep_tp_shape(M, N, K, silu) -> dict:
 
     _, bn, bk, nwarp = _config(M, N)
     st = _num_stages(triton.cdiv(N, bn), smem(bn, bk, 1, nwarp), device_info(x.device))
-    floor_us = rows_w * K * 2 / 4.25e12 * 1e6  # H200 copy bandwidth measured by bench.drafter (4.25 TB/s)
+    floor_us = rows_w * K * 2 / H200_COPY_BYTES_PER_S * 1e6
     return {**rule_and_best(time_tile, (bn, bk, st, nwarp), SKINNY_TILES, smem), "floor_us_h200": floor_us}
 
 
@@ -162,7 +166,7 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
 
     return {**rule_and_best(time_tile, (VOCAB_TILE, 128, 4, 4), LM_HEAD_TILES,
                             lambda bv, bk, st, nwarp: st * (16 * bk * 4 + bv * bk * 2)),
-            "floor_us_h200": V * H * 2 / 4.25e12 * 1e6}
+            "floor_us_h200": V * H * 2 / H200_COPY_BYTES_PER_S * 1e6}
 
 
 OPS = [*TP_OPS, "lm_head"]
