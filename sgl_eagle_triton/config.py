@@ -50,6 +50,9 @@ STACK_DUMP_ENV = "SGLANG_EAGLE_TRITON_STACK_DUMP_S"
 # Diagnostics: every rank logs its decode cycle's host period, launch time and GPU step / idle time every this many
 # decode steps, without a profiler (sgl_eagle_triton.cycle_timing)
 CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
+# Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
+# of the host time inside forward_batch_generation over the same steps
+CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -392,6 +395,12 @@ def _validate(sa) -> None:
     if cycle_timing_every() is None:
         _refuse(f"{CYCLE_TIMING_ENV}={os.environ[CYCLE_TIMING_ENV]!r}", "Give a whole number of decode steps > 0, "
                 "or unset it.")
+    if cycle_profile_top() is None:
+        _refuse(f"{CYCLE_PROFILE_ENV}={os.environ[CYCLE_PROFILE_ENV]!r}", "Give a whole number of functions > 0, "
+                "or unset it.")
+    if cycle_profile_top() and not cycle_timing_every():
+        _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
+                f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -401,12 +410,22 @@ def _validate(sa) -> None:
                 f"Use --kv-cache-dtype {', '.join(KV_CACHE_DTYPES)}.")
 
 
-def cycle_timing_every() -> int | None:
-    """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
-    value = os.environ.get(CYCLE_TIMING_ENV, "")
+def _count_env(name: str) -> int | None:
+    """Environment variable ``name`` as a whole number > 0 (0 when unset; None when set to anything else)."""
+    value = os.environ.get(name, "")
     if not value:
         return 0
     return int(value) if value.isdecimal() and value.isascii() and int(value) > 0 else None
+
+
+def cycle_timing_every() -> int | None:
+    """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
+    return _count_env(CYCLE_TIMING_ENV)
+
+
+def cycle_profile_top() -> int | None:
+    """:data:`CYCLE_PROFILE_ENV` as a number of functions to list (0 when unset; None when not a whole number > 0)."""
+    return _count_env(CYCLE_PROFILE_ENV)
 
 
 def verify_attention_mode() -> str:

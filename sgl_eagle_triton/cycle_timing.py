@@ -21,12 +21,20 @@ have completed (no synchronisation). Per step it reports:
 A rank whose host is late before a step shows the largest ``gpu idle`` while the others wait inside their
 collectives (their ``gpu step`` grows); lateness inside a step shows as a larger ``gpu step`` on every rank. A
 prefill between two decode steps breaks the pair (not counted).
+
+With ``SGLANG_EAGLE_TRITON_CYCLE_PROFILE=K`` as well, the host time inside ``forward_batch_generation`` is also
+profiled (``cProfile``, which slows Python calls: read it as shares, not times) and every summary is followed by the
+``K`` functions of most own time and of most cumulative time over the same steps: where a host-bound step goes
+(a host wait on the GPU shows as own time of the call that waits, e.g. ``Tensor.item``).
 """
 
 from __future__ import annotations
 
+import cProfile
 import functools
+import io
 import logging
+import pstats
 import re
 import time
 from collections import deque
@@ -38,11 +46,14 @@ class CycleTiming:
     """``step(launch)``: runs ``launch()`` (SGLang's ``forward_batch_generation``) timed as above and returns its
     result; ``break_chain()``: the next decode step does not pair with the last (a prefill came between).
     ``event`` makes a recorded event (``torch.cuda.Event(enable_timing=True)`` recorded on the current stream:
-    ``.query()``, ``.elapsed_time(other)`` in ms), ``clock`` returns seconds; ``every`` steps give one summary."""
+    ``.query()``, ``.elapsed_time(other)`` in ms), ``clock`` returns seconds; ``every`` steps give one summary;
+    ``profile_top`` > 0 profiles the launches and logs that many functions after each summary."""
 
     def __init__(self, every: int, rank: int = 0, event=None, clock=time.perf_counter, log=logger.info,
-                 name: str = "EAGLE_TRITON"):
+                 name: str = "EAGLE_TRITON", profile_top: int = 0):
         self.every, self.rank, self.clock, self.log, self.name = every, rank, clock, log, name
+        self.profile_top = profile_top
+        self.profiler = cProfile.Profile() if profile_top else None
         self.event = event or _cuda_event
         self.pending: deque = deque()  # (host enter, host exit, start event, end event, paired with the one before)
         self.last: tuple | None = None  # the last completed step
@@ -56,7 +67,13 @@ class CycleTiming:
     def step(self, launch):
         enter, start = self.clock(), self.event()
         try:
-            return launch()
+            if self.profiler is None:
+                return launch()
+            self.profiler.enable()
+            try:
+                return launch()
+            finally:
+                self.profiler.disable()
         finally:
             self.pending.append((enter, self.clock(), start, self.event(), self._paired))
             self._paired = True
@@ -75,8 +92,20 @@ class CycleTiming:
             self.last = (enter, leave, start, end)
             if self.counts["steps"] >= self.every:
                 self.log(self.summary())
+                if self.profiler is not None:
+                    self.log(self.profile_report())
+                    self.profiler = cProfile.Profile()
                 self.sums = dict.fromkeys(self.sums, 0.0)
                 self.counts = dict(paired=0, steps=0)
+
+    def profile_report(self) -> str:
+        """The profiled launches since the last report: the ``profile_top`` functions of most own time, then of most
+        cumulative time (pstats' listings; the profile covers the launches of steps not yet summarised too)."""
+        text = io.StringIO()
+        stats = pstats.Stats(self.profiler, stream=text)
+        for order in ("tottime", "cumulative"):
+            stats.sort_stats(order).print_stats(self.profile_top)
+        return f"{self.name} cycle profile, rank {self.rank}, by own then cumulative time:\n{text.getvalue()}"
 
     def summary(self) -> str:
         steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
@@ -109,10 +138,11 @@ def parse_summaries(text: str) -> list[dict]:
             for m in _SUMMARY.finditer(text)]
 
 
-def timed_forward(forward, every: int, make_timing=CycleTiming):
+def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int = 0):
     """``forward`` (SGLang's ``EAGLEWorkerV2.forward_batch_generation(self, batch, ...)``) with its decode steps timed
     by one :class:`CycleTiming` per worker (made at its first call: the rank of ``self.ps.tp_rank``, the name of its
-    ``server_args.speculative_algorithm``). A prefill breaks the chain and is not timed, nor is an idle batch."""
+    ``server_args.speculative_algorithm``, ``profile_top`` as given). A prefill breaks the chain and is not timed, nor
+    is an idle batch."""
 
     @functools.wraps(forward)
     def timed(self, batch, *args, **kwargs):
@@ -120,7 +150,7 @@ def timed_forward(forward, every: int, make_timing=CycleTiming):
         if timing is None:
             name = str(getattr(getattr(self, "server_args", None), "speculative_algorithm", None) or "EAGLE")
             timing = self._cycle_timing = make_timing(every, rank=getattr(getattr(self, "ps", None), "tp_rank", 0),
-                                                      name=name)
+                                                      name=name, profile_top=profile_top)
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             timing.break_chain()
             return forward(self, batch, *args, **kwargs)

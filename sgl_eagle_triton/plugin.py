@@ -151,9 +151,12 @@ def _time_eagle_workers(every: int) -> None:
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     if not getattr(EAGLEWorkerV2.forward_batch_generation, "sgl_eagle_triton_timed", False):
-        EAGLEWorkerV2.forward_batch_generation = timed_forward(EAGLEWorkerV2.forward_batch_generation, every)
-        logger.warning("%s: %s=%d: every EAGLE server of this process logs its decode cycle timing (diagnostics)",
-                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every)
+        profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
+        EAGLEWorkerV2.forward_batch_generation = timed_forward(EAGLEWorkerV2.forward_batch_generation, every,
+                                                               profile_top=profile_top)
+        logger.warning("%s: %s=%d: every EAGLE server of this process logs its decode cycle timing (diagnostics)%s",
+                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
+                       f", with the {profile_top} most costly functions of its launches" if profile_top else "")
 
 
 def register() -> None:

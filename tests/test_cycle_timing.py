@@ -57,6 +57,26 @@ def test_host_period_launch_time_gpu_step_and_idle_per_decode_step():
                                      "idle n/a")
 
 
+def _busy_launch_of_the_step():
+    return sum(range(20000))
+
+
+def test_a_profiled_timing_lists_the_launches_functions_after_each_summary():
+    """profile_top: the launches run under cProfile and each summary is followed by the listing of those steps (the
+    function the launch spent its time in named), then a fresh profile; without it, summaries alone."""
+    for top in (0, 5):
+        gpu, logged = FakeGpu(), []
+        timing = CycleTiming(2, event=gpu.event, log=logged.append, profile_top=top)
+        gpu.done = 1e9
+        for _ in range(4):
+            timing.step(_busy_launch_of_the_step)
+        summaries = [line for line in logged if "cycle timing" in line]
+        profiles = [line for line in logged if "cycle profile" in line]
+        assert len(summaries) == 2 and len(profiles) == (2 if top else 0)
+        for listing in profiles:
+            assert listing.count("_busy_launch_of_the_step") == 2  # own time, then cumulative
+
+
 def test_the_env_is_a_number_of_steps_and_a_bad_value_refused(monkeypatch):
     monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
     assert config.cycle_timing_every() == 0
@@ -73,8 +93,8 @@ def test_the_wrapped_forward_times_decode_steps_and_breaks_the_chain_at_a_prefil
     calls, made = [], []
 
     class Timing:
-        def __init__(self, every, rank, name):
-            made.append((every, rank, name))
+        def __init__(self, every, rank, name, profile_top):
+            made.append((every, rank, name, profile_top))
 
         def step(self, launch):
             calls.append("timed")
@@ -83,14 +103,15 @@ def test_the_wrapped_forward_times_decode_steps_and_breaks_the_chain_at_a_prefil
         def break_chain(self):
             calls.append("break")
 
-    forward = timed_forward(lambda self, batch, x=None: calls.append(("forward", x)) or "out", 40, make_timing=Timing)
+    forward = timed_forward(lambda self, batch, x=None: calls.append(("forward", x)) or "out", 40, make_timing=Timing,
+                            profile_top=12)
     worker = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE3"),
                              ps=SimpleNamespace(tp_rank=3))
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: mode == "prefill",
                                                          is_idle=lambda: mode == "idle"),
                             is_extend_in_batch=False)
     assert forward(worker, batch, x=1) == "out" and forward(worker, batch) == "out"
-    assert made == [(40, 3, "EAGLE3")]  # one per worker, made at its first call
+    assert made == [(40, 3, "EAGLE3", 12)]  # one per worker, made at its first call
     before = {"decode": ["timed"], "prefill": ["break"], "idle": []}[mode]
     assert calls == [*before, ("forward", 1), *before, ("forward", None)]
 

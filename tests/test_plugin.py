@@ -562,3 +562,17 @@ def test_a_bad_cycle_timing_value_is_refused_at_start(monkeypatch):
         _args()
     monkeypatch.setenv(config.CYCLE_TIMING_ENV, "40")
     _args()
+
+
+def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
+    """SGLANG_EAGLE_TRITON_CYCLE_PROFILE (diagnostics): a whole number of functions, logged with the cycle timing's
+    summaries, so refused without it."""
+    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
+    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "all")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_CYCLE_PROFILE='all'.*whole number"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "30")
+    with pytest.raises(EagleTritonConfigError, match="CYCLE_PROFILE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
+    _args()
