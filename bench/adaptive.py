@@ -3,7 +3,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off] \\
+                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle3_off] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -92,6 +92,8 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # steps 0 for good (SGLang's policy with the one candidate 0): what "off" costs against no-spec's plain decode
     # step where the host sets the cycle (the trained pair), the speculative scheduling path around every step
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
+    # stock's steps 0 under the same config: SGLang's one-node verify and its full draft extend (a CUDA graph)
+    "eagle3_off": ("EAGLE3", "off"),
 }
 # eagle_triton_cost's candidate step counts: SGLang 0.5.17's default brackets' union (0, 1, 3, 7) and 5, the chain
 # of the real pair's best static shape (5,1,6) (rows: 'candidates'; rows without it ran 0, 1, 3, 7)
@@ -115,7 +117,7 @@ def spec_args(system: str, draft: Path, shape: tuple[int, int, int] | None, conf
     args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
     if policy:
         args.append("--speculative-adaptive")
-        if algorithm == "EAGLE3":
+        if algorithm == "EAGLE3" and policy != "off":
             args += ["--speculative-num-steps", str(STOCK_ADAPTIVE_FIRST_STEPS)]
         if policy == "cost":
             config = config_dir / "adaptive-cost.json"

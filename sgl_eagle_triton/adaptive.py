@@ -521,10 +521,13 @@ class CostAwarePolicy:
 
 
 def captured_graph(runner, batch_size: int, tokens_per_req: int):
-    """The CUDA graph ``runner`` (an SGLang graph runner on the full-graph backend, or None) captured for
-    ``batch_size`` requests (keyed by requests, or by tokens in SGLang's ragged verify mode), or None."""
+    """The CUDA graph ``runner`` (an SGLang graph runner on the full-graph backend, one with ``graph_for(batch
+    size)`` such as :class:`~sgl_eagle_triton.row_graphs.RowGraphs`, or None) captured for ``batch_size`` requests
+    (keyed by requests, or by tokens in SGLang's ragged verify mode), or None."""
     if runner is None:
         return None
+    if hasattr(runner, "graph_for"):
+        return runner.graph_for(batch_size)
     graphs = getattr(getattr(runner, "backend", None), "_graphs", None) or {}
     for size in (batch_size, batch_size * tokens_per_req):
         graph = graphs.get(runner._make_graph_key(size))

@@ -65,6 +65,7 @@ from sgl_eagle_triton.drafter import (
 )
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
     RAN,
     VERIFY_GREEDY,
@@ -278,7 +279,7 @@ def rank_zero_decides(group):
 
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
-_draft_kv = witnessed(FusedDrafter.draft_kv, DRAFT_KV_FILL)
+_fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 
 
 def without_draft_metadata(backend) -> None:
@@ -344,6 +345,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     # start from them until a full draft extend ran).
     fill_kv_only = False
     draft_stale = False
+    _fill_graphs: RowGraphs | None = None  # steps 0's KV fill, one CUDA graph per batch size (capture_draft_kv)
 
     def _draft_extend_for_decode(self, batch, batch_result):
         if self.fill_kv_only and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
@@ -357,27 +359,63 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
     def fill_draft_kv(self, batch, batch_result):
         """Steps 0 without the draft extend: the draft KV of the one token each request committed (what the extend
-        would store: :meth:`FusedDrafter.draft_kv` of the verified token's successor, the target's features and the
-        verified position, into the verify's KV slots) and stub top-k / hidden states of the right shapes for
-        SGLang's overlap bookkeeping (as its ``_stub_skipped_draft_extend``)."""
+        would store: :meth:`_fill_rows`), replayed from its CUDA graph of the batch's size where one was captured
+        (:meth:`capture_draft_kv`), and stub top-k / hidden states of the right shapes for SGLang's overlap
+        bookkeeping (as its ``_stub_skipped_draft_extend``)."""
         bs = batch.seq_lens.shape[0]
-        k, v = _draft_kv(self.fused_drafter, batch_result.next_token_ids.to(torch.int64),
-                         self._carried_hidden(batch_result.logits_output.hidden_states), batch.seq_lens.to(torch.int64))
-        attn = self._draft_attention
-        self.draft_runner.token_to_kv_pool.set_kv_buffer(attn, batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
+        _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
+              batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
         draft_input = batch_result.next_draft_input
         # zeros nobody writes to (SGLang indexes, concatenates or copies them into its future map): one set, as many
         # rows as the largest batch so far, viewed per batch
         if self._stubs is None or self._stubs[0].shape[0] < bs:
             hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
+            device = batch.seq_lens.device
             self._stubs = (
-                torch.zeros(bs, self.topk, dtype=torch.float32, device=k.device),
-                torch.zeros(bs, self.topk, dtype=torch.int64, device=k.device),
-                None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=k.device))
+                torch.zeros(bs, self.topk, dtype=torch.float32, device=device),
+                torch.zeros(bs, self.topk, dtype=torch.int64, device=device),
+                None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=device))
         topk_p, topk_index, hidden = self._stubs
         draft_input.topk_p, draft_input.topk_index = topk_p[:bs], topk_index[:bs]
         if hidden is not None:
             draft_input.hidden_states = hidden[:bs]
+
+    def _fill_rows(self, next_token_ids, target_hidden, seq_lens, out_cache_loc):
+        """Into the draft KV pool at ``out_cache_loc`` [bs] (the verify's slots): :meth:`FusedDrafter.draft_kv` of
+        ``next_token_ids`` [bs] (the verified tokens' successors) at positions ``seq_lens`` [bs] with the hidden
+        states carried from the target's features ``target_hidden`` [bs, features] (:meth:`_carried_hidden`), stored
+        through SGLang's pool with the draft layer's scales. Integer inputs of any integer dtype."""
+        k, v = self.fused_drafter.draft_kv(next_token_ids.to(torch.int64), self._carried_hidden(target_hidden),
+                                           seq_lens.to(torch.int64))
+        attn = self._draft_attention
+        self.draft_runner.token_to_kv_pool.set_kv_buffer(attn, out_cache_loc, k, v, attn.k_scale, attn.v_scale)
+
+    def capture_draft_kv(self, sizes, **graph_options) -> None:
+        """:meth:`_fill_rows` captured as one CUDA graph per batch size of ``sizes`` (the steps-0 state's verify
+        graphs' sizes; :class:`~sgl_eagle_triton.row_graphs.RowGraphs`: a batch in between runs padded, its extra
+        rows writing SGLang's padding KV slot 0; a larger one eager). Where the host sets the cycle the eager fill's
+        launches cost more than its GPU work. Captured inside SGLang's ``graph_capture`` (which lets its all-reduces,
+        the drafter's under tensor parallelism, be captured) unless ``graph_options`` (RowGraphs' ``graph`` /
+        ``capturing``: tests) are given."""
+        model, w = self.draft_runner.model.model, self.fused_drafter.w
+        features = getattr(getattr(model, "fc", None), "in_features", w.hidden_size)
+        device = w.embed.device
+        example = (torch.zeros(1, dtype=torch.int64, device=device),
+                   torch.zeros(1, features, dtype=w.dtype, device=device),
+                   torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device))
+        pads = (0, None, 0, 0)  # token 0 at position 0 into the padding slot 0; stale hidden rows are harmless
+        if graph_options:
+            graphs = RowGraphs(self._fill_rows, sizes, pads, **graph_options)
+            graphs.capture(example)
+        else:
+            from sglang.srt.distributed.parallel_state import graph_capture
+
+            pool = torch.cuda.graph_pool_handle()
+            with graph_capture() as context:
+                graphs = RowGraphs(self._fill_rows, sizes, pads, capturing=lambda g: torch.cuda.graph(
+                    g, pool=pool, stream=context.stream))
+                graphs.capture(example)
+        self._fill_graphs = graphs
 
     def compile_draft_kv(self) -> None:
         """Steps 0's KV fill (:meth:`fill_draft_kv`, outside CUDA graphs, at the batch's own size) run once per row
@@ -556,6 +594,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         each state's draft, verify and draft-extend graphs replayed at every captured batch size."""
         super().init_cuda_graphs()
         self.compile_eager_kernels()
+        self.capture_draft_kv()
         if self.cost_policy is None:
             return
         states = self.adaptive_controller._states
@@ -563,7 +602,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         for steps, state in sorted(states.items()):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
             if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker)
-                runners = (state.target_graph_runner,)
+                runners = (state.target_graph_runner, self.draft_worker._fill_graphs)
             # SGLang hands the controller its decode batch sizes only when --cuda-graph-bs-decode is given; else the
             # sizes the state's verify graphs were captured at
             sizes = self.cost_policy.cuda_graph_bs or sorted(set(getattr(state.target_graph_runner, "capture_bs", ())))
@@ -576,6 +615,19 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.cost_policy.set_costs(CycleCost(replay))
         logger.info("%s: adaptive candidates' graph replay ms (steps, batch): %s", ALGORITHM_NAME,
                     {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
+
+    def capture_draft_kv(self) -> None:
+        """Steps 0's KV fill as CUDA graphs at the batch sizes of the steps-0 state's verify graphs
+        (:meth:`TritonEagleDraftWorker.capture_draft_kv`), when steps 0 is a candidate and CUDA graphs are on."""
+        controller = self.adaptive_controller
+        state = None if controller is None else controller._states.get(0)
+        sizes = sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
+        if not sizes or self.server_args.disable_cuda_graph:
+            return
+        tic = time.perf_counter()
+        self.draft_worker.capture_draft_kv(sizes)
+        logger.info("%s: steps 0's draft KV fill captured at %d batch sizes (up to %d) in %.1f s", ALGORITHM_NAME,
+                    len(sizes), sizes[-1], time.perf_counter() - tic)
 
     def compile_eager_kernels(self) -> None:
         """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the

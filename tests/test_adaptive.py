@@ -464,12 +464,14 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker.EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
     compiled = []  # what it compiles: tests/test_compile_before_serving.py
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "compile_eager_kernels", lambda self: compiled.append(self))
+    monkeypatch.setattr(worker.EagleTritonWorkerV2, "capture_draft_kv", lambda self: compiled.append("fill graphs"))
+    w._draft_worker = SimpleNamespace(_fill_graphs="f0")  # steps 0's KV fill graphs (capture_draft_kv)
     seen = []
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append((runners, n)) or
                         {bs: float(n * bs) for bs in sizes})
     w.init_cuda_graphs()
-    # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify graph alone is priced
-    assert seen == [(("t0",), 1), (("d3", "t3", "e3"), 4)] and compiled == [w]
+    # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify and fill graphs are priced
+    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs"]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
     # without --cuda-graph-bs-decode SGLang hands the controller no sizes: those of each state's verify graphs
     w.cost_policy = CostAwarePolicy([0, 3], 3)

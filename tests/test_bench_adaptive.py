@@ -40,6 +40,9 @@ def test_spec_args_per_system(tmp_path):
     config = json.loads(Path(off[off.index("--speculative-adaptive-config") + 1]).read_text())
     assert config == {"1": {"candidate_steps": [0]}, "65": {"candidate_steps": [1]}} and "EAGLE_TRITON" in off
     assert off[-2:] == ["--speculative-num-steps", "1"]
+    stock_off = adaptive.spec_args("eagle3_off", draft, None, tmp_path)  # stock's steps 0 under the same file
+    assert "EAGLE3" in stock_off and stock_off.count("--speculative-num-steps") == 1
+    assert stock_off[-4:] == off[-4:]
     assert adaptive.simulation_env(3.5)["SGLANG_SIMULATE_ACC_LEN"] == "3.5"
     assert adaptive.acceptance_label(3.5) == "simulated:sglang-match-expected-3.5"
     env = adaptive.simulation_env(3.5, "llama31-8b-eagle3")

@@ -530,6 +530,75 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     assert not pool.writes and fresh_counts[worker.DRAFT_KV_FILL] == 2
 
 
+class _TensorPool:
+    """A draft KV pool of tensors (writes a CUDA graph can capture)."""
+
+    def __init__(self, slots, heads, head_dim, dtype, device):
+        self.k = torch.zeros(slots, heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
+        self.k[loc] = k
+        self.v[loc] = v
+
+
+def _off_draft_worker(w, eagle3, pool, device):
+    features = 3 * w.hidden_size if eagle3 else w.hidden_size
+    fc = torch.nn.Linear(features, w.hidden_size, bias=False).to(w.dtype).to(device)
+    dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, None
+    dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
+    dw.server_args = SimpleNamespace(speculative_adaptive=True, speculative_eagle_topk=1)
+    dw._draft_attention = SimpleNamespace(k_scale=None, v_scale=None)
+    dw.draft_runner = SimpleNamespace(
+        token_to_kv_pool=pool, model=SimpleNamespace(model=SimpleNamespace(fc=fc, num_aux_hidden_states=3)),
+        spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        model_config=SimpleNamespace(spec_hidden_size=w.hidden_size, dtype=w.dtype))
+    dw.fill_kv_only = True
+    return dw, features
+
+
+@pytest.mark.parametrize("eagle3", [True, False], ids=["eagle3", "eagle1"])
+def test_off_fill_replays_its_graphs_as_the_eager_fill_stores(fresh_counts, device, eagle3):
+    """capture_draft_kv: steps 0's fill replayed from one graph per batch size (CUDA graphs on CUDA; on the CPU a
+    stand-in replaying the captured call) stores the same draft K / V as the eager fill for batches of 1-5 requests
+    (3 padded into the 4-request graph, 5 eager above the largest), writing nothing else but SGLang's padding slot 0;
+    every fill counted."""
+    from tests.test_row_graphs import RecordedGraph, recording
+
+    w, gen = random_draft(eagle3, device, seed=12)
+    pools = [_TensorPool(64, w.num_kv_heads, w.head_dim, w.dtype, device) for _ in range(2)]
+    graphed, features = _off_draft_worker(w, eagle3, pools[0], device)
+    eager, _ = _off_draft_worker(w, eagle3, pools[1], device)
+    eager.draft_runner.model.model.fc = graphed.draft_runner.model.model.fc
+    if device == "cuda":
+        graphed.capture_draft_kv([1, 2, 4], capturing=lambda g: torch.cuda.graph(g))
+    else:
+        calls, fill_rows = [], graphed._fill_rows
+
+        def recorded(*rows):
+            calls.append(lambda: fill_rows(*rows))
+            fill_rows(*rows)
+
+        graphed._fill_rows = recorded
+        graphed.capture_draft_kv([1, 2, 4], graph=RecordedGraph, capturing=recording(calls))
+    for pool in pools:
+        pool.k.zero_(), pool.v.zero_()
+    for n, first in ((4, 1), (3, 10), (5, 20), (1, 30), (2, 40)):
+        seq_lens = torch.randint(1, 500, (n,), generator=gen).to(device)
+        batch = SimpleNamespace(seq_lens=seq_lens, out_cache_loc=torch.arange(first, first + n, device=device),
+                                forward_mode=fake_sglang.ForwardMode())
+        target_hidden = torch.randn(n, features, generator=gen).to(w.dtype).to(device)
+        next_tokens = torch.randint(0, w.embed.shape[0], (n,), generator=gen, dtype=torch.int32).to(device)
+        for dw in (graphed, eager):
+            result = SimpleNamespace(next_token_ids=next_tokens, next_draft_input=SimpleNamespace(),
+                                     logits_output=SimpleNamespace(hidden_states=target_hidden))
+            assert dw._draft_extend_for_decode(batch, result) is None
+        assert torch.equal(pools[0].k[1:], pools[1].k[1:]) and torch.equal(pools[0].v[1:], pools[1].v[1:]), n
+    assert pools[0].k[1:].any() and fresh_counts[worker.DRAFT_KV_FILL] == 10
+    assert graphed._fill_graphs.replays == 4 and graphed._fill_graphs.eager == 1
+
+
 def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):
     monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", lambda self, batch, result: "extended")
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)

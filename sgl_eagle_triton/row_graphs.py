@@ -1,0 +1,73 @@
+"""A function of per-row inputs run as one CUDA graph per batch size (steps 0's draft KV fill:
+:meth:`sgl_eagle_triton.worker.TritonEagleDraftWorker.fill_draft_kv`).
+
+Where the host sets the cycle, a handful of small launches costs more than the GPU work they start (on the trained
+tiny pair, H200, steps 0's eager fill took ~30 % of the host time of a decode step's launch: seven Triton launches
+and the torch ops around them). :class:`RowGraphs` captures ``fn`` once per batch size into static input buffers
+and replays it on a copy of the batch's rows: one copy per input and one replay. A batch between two captured sizes
+runs in the next larger graph, its extra rows padded (the inputs that say where to write, e.g. KV slots, are padded
+with a value the caller names: SGLang's padding slot 0); a batch above the largest size runs ``fn`` eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class RowGraphs:
+    """``fn(*inputs)`` (no return value; it writes its results, e.g. into a KV pool) for inputs whose first dimension
+    is the batch: :meth:`capture` records one graph per size of ``sizes`` on static inputs shaped as ``example``'s
+    rows (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that holds the batch
+    after copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left as they are)
+    into input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is
+    the context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
+
+    def __init__(self, fn: Callable, sizes: Sequence[int], pads: Sequence[int | float | None],
+                 graph: Callable = torch.cuda.CUDAGraph, capturing: Callable | None = None, pool=None):
+        self.fn, self.sizes, self.pads = fn, sorted(set(sizes)), list(pads)
+        self._graph, self._pool = graph, pool
+        self._capturing = capturing or (lambda g: torch.cuda.graph(g, pool=self._pool))
+        self.graphs: dict[int, tuple[object, list[torch.Tensor]]] = {}
+        self.replays = self.eager = 0
+
+    def capture(self, example: Sequence[torch.Tensor]) -> None:
+        """One graph per size; ``fn`` runs once eagerly on each size's static inputs first (compiles its kernels;
+        the rows beyond any batch's hold pads, so what it writes goes where pads say)."""
+        for size in self.sizes:
+            static = [torch.zeros(size, *x.shape[1:], dtype=x.dtype, device=x.device) for x in example]
+            for x, pad in zip(static, self.pads, strict=True):
+                if pad is not None:
+                    x.fill_(pad)
+            self.fn(*static)
+            graph = self._graph()
+            with self._capturing(graph):
+                self.fn(*static)
+            self.graphs[size] = (graph, static)
+
+    def _captured(self, rows: int):
+        """(graph, static inputs) of the smallest captured size >= ``rows``, or None."""
+        i = bisect.bisect_left(self.sizes, rows)
+        return None if i == len(self.sizes) else self.graphs.get(self.sizes[i])
+
+    def graph_for(self, rows: int):
+        """The graph a batch of ``rows`` replays, or None (it runs eagerly): the cost policy times it."""
+        captured = self._captured(rows)
+        return None if captured is None else captured[0]
+
+    def __call__(self, *inputs: torch.Tensor) -> None:
+        rows = inputs[0].shape[0]
+        captured = self._captured(rows)
+        if captured is None:
+            self.eager += 1
+            self.fn(*inputs)
+            return
+        graph, static = captured
+        for x, given, pad in zip(static, inputs, self.pads, strict=True):
+            x[:rows].copy_(given)
+            if pad is not None and rows < x.shape[0]:
+                x[rows:].fill_(pad)
+        graph.replay()
+        self.replays += 1
