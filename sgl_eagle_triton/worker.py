@@ -618,11 +618,16 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def capture_draft_kv(self) -> None:
         """Steps 0's KV fill as CUDA graphs at the batch sizes of the steps-0 state's verify graphs
-        (:meth:`TritonEagleDraftWorker.capture_draft_kv`), when steps 0 is a candidate and CUDA graphs are on."""
+        (:meth:`TritonEagleDraftWorker.capture_draft_kv`), when steps 0 is a candidate and CUDA graphs are on, on one
+        GPU: under tensor parallelism the fill stays eager (its graphs, whose embedding all-reduce would be captured,
+        are not yet proven lossless end to end there; ``--tp`` servers are GPU-bound, where the graphs save little)."""
         controller = self.adaptive_controller
         state = None if controller is None else controller._states.get(0)
         sizes = sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
         if not sizes or self.server_args.disable_cuda_graph:
+            return
+        if self.draft_worker._tensor_parallel is not None:
+            logger.info("%s: steps 0's draft KV fill runs eagerly under tensor parallelism", ALGORITHM_NAME)
             return
         tic = time.perf_counter()
         self.draft_worker.capture_draft_kv(sizes)

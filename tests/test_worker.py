@@ -599,6 +599,31 @@ def test_off_fill_replays_its_graphs_as_the_eager_fill_stores(fresh_counts, devi
     assert graphed._fill_graphs.replays == 4 and graphed._fill_graphs.eager == 1
 
 
+def test_off_fill_graphs_at_the_steps_0_verify_graphs_sizes_on_one_gpu_only():
+    """EagleTritonWorkerV2.capture_draft_kv: at the batch sizes of the steps-0 state's verify graphs; none without
+    steps 0, with --disable-cuda-graph, or under tensor parallelism (eager there)."""
+    captured = []
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._draft_worker = SimpleNamespace(capture_draft_kv=captured.append, _tensor_parallel=None)
+    w.server_args = SimpleNamespace(disable_cuda_graph=False)
+    states = {0: SimpleNamespace(target_graph_runner=SimpleNamespace(capture_bs=[4, 1, 2, 4])),
+              3: SimpleNamespace(target_graph_runner=SimpleNamespace(capture_bs=[8]))}
+    w.adaptive_controller = SimpleNamespace(_states=states)
+    w.capture_draft_kv()
+    assert captured == [[1, 2, 4]]
+    w.server_args.disable_cuda_graph = True
+    w.capture_draft_kv()
+    w.server_args.disable_cuda_graph = False
+    w.draft_worker._tensor_parallel = object()
+    w.capture_draft_kv()
+    w.draft_worker._tensor_parallel = None
+    w.adaptive_controller = SimpleNamespace(_states={3: states[3]})
+    w.capture_draft_kv()
+    w.adaptive_controller = None
+    w.capture_draft_kv()
+    assert captured == [[1, 2, 4]]
+
+
 def test_off_runs_the_full_extend_unless_told_to_fill_the_kv_only(monkeypatch):
     monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", lambda self, batch, result: "extended")
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
