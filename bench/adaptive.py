@@ -3,7 +3,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle3_off] \\
+                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle3_off eagle3_off_skip] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -94,7 +94,11 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
     # stock's steps 0 under the same config: SGLang's one-node verify and its full draft extend (a CUDA graph)
     "eagle3_off": ("EAGLE3", "off"),
+    # the same without the draft extend (SYSTEM_ENV): SGLang's speculative path at steps 0 and nothing else, the floor
+    # of any EAGLE V2 worker's "off" (its draft KV goes stale: fine for a server that never drafts again)
+    "eagle3_off_skip": ("EAGLE3", "off"),
 }
+SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}}  # a system's own server env
 # eagle_triton_cost's candidate step counts: SGLang 0.5.17's default brackets' union (0, 1, 3, 7) and 5, the chain
 # of the real pair's best static shape (5,1,6) (rows: 'candidates'; rows without it ran 0, 1, 3, 7)
 COST_CANDIDATES = [0, 1, 3, 5, 7]
@@ -401,7 +405,7 @@ def main(argv=None):
         name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
         return Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
                                           *shlex.split(args.server_flags), *extra],
-                      args.workdir, env={**env, **server_env(args.server_env)})
+                      args.workdir, env={**env, **SYSTEM_ENV.get(system, {}), **server_env(args.server_env)})
 
     if args.interleave:
         return interleaved(servers, start, args, meta)

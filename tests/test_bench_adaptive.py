@@ -167,6 +167,23 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
     assert {r["system"]: r["candidates"] for r in rows} == {"nospec": None, "eagle_triton_cost": [0, 1, 3, 5, 7]}
 
 
+def test_only_the_skip_system_skips_the_steps_0_draft_extend(tmp_path, monkeypatch):
+    """eagle3_off_skip: stock's steps 0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 in its own environment only
+    (set on our server it would skip our KV fill too); --server-env still reaches every server."""
+    servers = ServerLog()
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
+                                                                              "rounds": 1})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    adaptive.main(["--systems", "nospec", "eagle_triton_off", "eagle3_off", "eagle3_off_skip", "--batches", "1",
+                   "--workdir", str(tmp_path), "--out", str(tmp_path / "s.json"), "--server-env", "X=1"])
+    skips = [env.get("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND") for env in servers.envs]
+    assert skips == [None, None, None, "1"] and all(env["X"] == "1" for env in servers.envs)
+    assert servers.started[3] == servers.started[2]  # the same server otherwise
+
+
 def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(tmp_path, monkeypatch):
     """``--interleave`` (trained pair): all servers up at once with the shared-GPU flags; per batch each is
     measured once in one order and once in the reverse, the first order alternating between batches; a row is the
