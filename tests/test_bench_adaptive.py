@@ -146,17 +146,23 @@ def test_rows_run_under_extra_environment_or_flags_are_their_own_rows(tmp_path, 
     assert "| simulated:x | 64 | eagle_triton_cost | 9000 |" in table
 
 
-def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
-    """``--server-flags``: on every server's command line, and in every row it measured (with the verify attention
-    the server reports: SGLang's on flashinfer)."""
-    attention = "SGLang's FlashInferAttnBackend (our kernel replaces the triton backend's)"
-    servers = ServerLog({"eagle_triton": {"kernels": {"verify attention": attention}}})
+def _fake_sweep(monkeypatch, tmp_path, state=None) -> ServerLog:
+    """bench.adaptive.main on fake servers (recorded in the returned log), models, measurements and GPU."""
+    servers = ServerLog(state)
     monkeypatch.setattr(adaptive, "Server", servers.server_class())
     monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
                                                                               "rounds": 1})
     monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    return servers
+
+
+def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
+    """``--server-flags``: on every server's command line, and in every row it measured (with the verify attention
+    the server reports: SGLang's on flashinfer)."""
+    attention = "SGLang's FlashInferAttnBackend (our kernel replaces the triton backend's)"
+    servers = _fake_sweep(monkeypatch, tmp_path, {"eagle_triton": {"kernels": {"verify attention": attention}}})
     out = tmp_path / "sweep.json"
     adaptive.main(["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "--workdir", str(tmp_path),
                    "--out", str(out), "--server-flags", "--attention-backend flashinfer"])
@@ -170,13 +176,7 @@ def test_a_sweep_passes_its_extra_flags_to_every_server(tmp_path, monkeypatch):
 def test_only_the_skip_system_skips_the_steps_0_draft_extend(tmp_path, monkeypatch):
     """eagle3_off_skip: stock's steps 0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 in its own environment only
     (set on our server it would skip our KV fill too); --server-env still reaches every server."""
-    servers = ServerLog()
-    monkeypatch.setattr(adaptive, "Server", servers.server_class())
-    monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
-    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
-                                                                              "rounds": 1})
-    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
-    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    servers = _fake_sweep(monkeypatch, tmp_path)
     adaptive.main(["--systems", "nospec", "eagle_triton_off", "eagle3_off", "eagle3_off_skip", "--batches", "1",
                    "--workdir", str(tmp_path), "--out", str(tmp_path / "s.json"), "--server-env", "X=1"])
     skips = [env.get("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND") for env in servers.envs]
