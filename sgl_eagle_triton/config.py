@@ -53,6 +53,8 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
+# SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
+SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
 SUPPORTED_DRAFT_ARCHS = {"LlamaForCausalLMEagle3": EAGLE3, "LlamaForCausalLMEagle": EAGLE}
 SUPPORTED_DEVICES = ("cuda",)
@@ -387,6 +389,10 @@ def _validate(sa) -> None:
     if getattr(sa, "enable_unified_memory", False):
         # Its pools size req_to_token rows without get_req_to_token_extra_context_len (see req_to_token_headroom).
         _refuse("--enable-unified-memory yet", "Drop the flag.")
+    if os.environ.get(SKIP_ZERO_STEP_EXTEND_ENV, "").lower() in ("true", "1", "yes", "y"):
+        # SGLang would skip our steps-0 KV fill with its extend: the draft KV and the resume bookkeeping go stale
+        _refuse(f"{SKIP_ZERO_STEP_EXTEND_ENV}={os.environ[SKIP_ZERO_STEP_EXTEND_ENV]} (steps 0 keeps the draft KV "
+                "cache with its own fill, which this would skip)", f"Unset {SKIP_ZERO_STEP_EXTEND_ENV}.")
     reason = simulated_acceptance.misconfigured()
     if reason is not None:
         _refuse(f"simulated acceptance here: {reason}", "Set both SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> "

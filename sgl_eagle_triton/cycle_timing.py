@@ -67,9 +67,8 @@ class CycleTiming:
     def step(self, launch):
         enter, start = self.clock(), self.event()
         try:
-            if self.profiler is None:
+            if self.profiler is None or not self._enable_profiler():
                 return launch()
-            self.profiler.enable()
             try:
                 return launch()
             finally:
@@ -92,11 +91,22 @@ class CycleTiming:
             self.last = (enter, leave, start, end)
             if self.counts["steps"] >= self.every:
                 self.log(self.summary())
-                if self.profiler is not None:
+                if self.profiler is not None and self.profiler.getstats():  # two summaries at once: one report
                     self.log(self.profile_report())
                     self.profiler = cProfile.Profile()
                 self.sums = dict.fromkeys(self.sums, 0.0)
                 self.counts = dict(paired=0, steps=0)
+
+    def _enable_profiler(self) -> bool:
+        """Profile the next launch; where another profiler holds the interpreter (Python >= 3.12 refuses a second
+        one), log it once and profile no more: a diagnostic never fails a decode step."""
+        try:
+            self.profiler.enable()
+            return True
+        except ValueError as error:
+            self.log(f"{self.name} cycle profile, rank {self.rank}: off ({error})")
+            self.profiler = None
+            return False
 
     def profile_report(self) -> str:
         """The profiled launches since the last report: the ``profile_top`` functions of most own time, then of most

@@ -6,24 +6,29 @@ tiny pair, H200, steps 0's eager fill took ~30 % of the host time of a decode st
 and the torch ops around them). :class:`RowGraphs` captures ``fn`` once per batch size into static input buffers
 and replays it on a copy of the batch's rows: one copy per input and one replay. A batch between two captured sizes
 runs in the next larger graph, its extra rows padded (the inputs that say where to write, e.g. KV slots, are padded
-with a value the caller names: SGLang's padding slot 0); a batch above the largest size runs ``fn`` eagerly.
+with a value the caller names: SGLang's padding slot 0); a batch above the largest size, or one whose inputs are not
+shaped as the captured ones (trailing dimensions; logged once), runs ``fn`` eagerly. All sizes' graphs read views of
+one set of static inputs, as large as the largest size (the replays run one at a time on one stream).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 
 class RowGraphs:
     """``fn(*inputs)`` (no return value; it writes its results, e.g. into a KV pool) for inputs whose first dimension
-    is the batch: :meth:`capture` records one graph per size of ``sizes`` on static inputs shaped as ``example``'s
-    rows (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that holds the batch
-    after copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left as they are)
-    into input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is
-    the context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
+    is the batch: :meth:`capture` records one graph per size of ``sizes`` on views of static inputs shaped as
+    ``example``'s rows (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that
+    holds the batch after copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left
+    as they are) into input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``),
+    ``capturing(graph)`` is the context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
 
     def __init__(self, fn: Callable, sizes: Sequence[int], pads: Sequence[int | float | None],
                  graph: Callable = torch.cuda.CUDAGraph, capturing: Callable | None = None, pool=None):
@@ -31,21 +36,25 @@ class RowGraphs:
         self._graph, self._pool = graph, pool
         self._capturing = capturing or (lambda g: torch.cuda.graph(g, pool=self._pool))
         self.graphs: dict[int, tuple[object, list[torch.Tensor]]] = {}
-        self.replays = self.eager = 0
+        self.replays = self.eager = self.mismatched = 0
 
     def capture(self, example: Sequence[torch.Tensor]) -> None:
-        """One graph per size; ``fn`` runs once eagerly on each size's static inputs first (compiles its kernels;
-        the rows beyond any batch's hold pads, so what it writes goes where pads say)."""
-        for size in self.sizes:
-            static = [torch.zeros(size, *x.shape[1:], dtype=x.dtype, device=x.device) for x in example]
-            for x, pad in zip(static, self.pads, strict=True):
-                if pad is not None:
-                    x.fill_(pad)
-            self.fn(*static)
-            graph = self._graph()
-            with self._capturing(graph):
+        """One graph per size, largest first, on views of one set of static inputs (no autograd); ``fn`` runs once
+        eagerly on each size's view first (compiles its kernels; rows beyond any batch's hold pads, so what it writes
+        goes where pads say)."""
+        largest = self.sizes[-1]
+        buffers = [torch.zeros(largest, *x.shape[1:], dtype=x.dtype, device=x.device) for x in example]
+        for x, pad in zip(buffers, self.pads, strict=True):
+            if pad is not None:
+                x.fill_(pad)
+        with torch.no_grad():
+            for size in reversed(self.sizes):
+                static = [x[:size] for x in buffers]
                 self.fn(*static)
-            self.graphs[size] = (graph, static)
+                graph = self._graph()
+                with self._capturing(graph):
+                    self.fn(*static)
+                self.graphs[size] = (graph, static)
 
     def _captured(self, rows: int):
         """(graph, static inputs) of the smallest captured size >= ``rows``, or None."""
@@ -60,6 +69,13 @@ class RowGraphs:
     def __call__(self, *inputs: torch.Tensor) -> None:
         rows = inputs[0].shape[0]
         captured = self._captured(rows)
+        if captured is not None and any(x.shape[1:] != given.shape[1:] for x, given in zip(captured[1], inputs,
+                                                                                           strict=True)):
+            if not self.mismatched:
+                logger.warning("%s: inputs shaped %s, captured for %s: run eagerly", getattr(self.fn, "__name__", "fn"),
+                               [tuple(x.shape) for x in inputs], [tuple(x.shape[1:]) for x in captured[1]])
+            self.mismatched += 1
+            captured = None
         if captured is None:
             self.eager += 1
             self.fn(*inputs)

@@ -397,11 +397,10 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         launches cost more than its GPU work. Captured inside SGLang's ``graph_capture`` (which lets its all-reduces,
         the drafter's under tensor parallelism, be captured) unless ``graph_options`` (RowGraphs' ``graph`` /
         ``capturing``: tests) are given."""
-        model, w = self.draft_runner.model.model, self.fused_drafter.w
-        features = getattr(getattr(model, "fc", None), "in_features", w.hidden_size)
+        w = self.fused_drafter.w
         device = w.embed.device
         example = (torch.zeros(1, dtype=torch.int64, device=device),
-                   torch.zeros(1, features, dtype=w.dtype, device=device),
+                   torch.zeros(1, self._target_hidden_width(), dtype=w.dtype, device=device),
                    torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device))
         pads = (0, None, 0, 0)  # token 0 at position 0 into the padding slot 0; stale hidden rows are harmless
         if graph_options:
@@ -416,6 +415,15 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                     g, pool=pool, stream=context.stream))
                 graphs.capture(example)
         self._fill_graphs = graphs
+
+    def _target_hidden_width(self) -> int:
+        """The width of the hidden states the target hands a steps-0 fill: EAGLE-3 with the target's auxiliary
+        layers captured (SGLang's ``eagle_use_aux_hidden_state``), the draft's ``fc`` input; else (EAGLE-1, EAGLE-3
+        without them) the hidden size, which :meth:`_carried_hidden` passes through."""
+        runner = getattr(self.target_worker, "model_runner", None)
+        aux = getattr(getattr(runner, "spec_aux_config", None), "eagle_use_aux_hidden_state", False)
+        fc = getattr(self.draft_runner.model.model, "fc", None)
+        return fc.in_features if aux and fc is not None else self.fused_drafter.w.hidden_size
 
     def compile_draft_kv(self) -> None:
         """Steps 0's KV fill (:meth:`fill_draft_kv`, outside CUDA graphs, at the batch's own size) run once per row

@@ -77,6 +77,34 @@ def test_a_profiled_timing_lists_the_launches_functions_after_each_summary():
             assert listing.count("_busy_launch_of_the_step") == 2  # own time, then cumulative
 
 
+def test_two_summaries_closed_at_once_share_one_profile_listing():
+    """Every 1 step, two launches pending until both complete (overlap scheduling): two summaries, one listing
+    (the second profile would be empty: pstats refuses it, which must not reach the decode step)."""
+    gpu, logged = FakeGpu(), []
+    timing = CycleTiming(1, event=gpu.event, log=logged.append, profile_top=3)
+    gpu.now = 1.0  # the launches' events complete only once the stream gets there
+    timing.step(_busy_launch_of_the_step)
+    timing.step(_busy_launch_of_the_step)
+    assert logged == []
+    gpu.done = 1e9
+    timing.step(_busy_launch_of_the_step)
+    assert [line.split(",")[0] for line in logged] == ["EAGLE_TRITON cycle timing", "EAGLE_TRITON cycle profile",
+                                                       "EAGLE_TRITON cycle timing", "EAGLE_TRITON cycle timing"]
+
+
+def test_a_profiler_that_cannot_start_is_logged_once_and_the_steps_still_run(monkeypatch):
+    logged = []
+    timing = CycleTiming(100, event=FakeGpu().event, log=logged.append, profile_top=3)
+
+    def refuse():
+        raise ValueError("Another profiling tool is already active")
+
+    monkeypatch.setattr(timing.profiler, "enable", refuse)
+    assert timing.step(lambda: "out") == "out" and timing.step(lambda: "again") == "again"
+    assert logged == ["EAGLE_TRITON cycle profile, rank 0: off (Another profiling tool is already active)"]
+    assert timing.profiler is None
+
+
 def test_the_env_is_a_number_of_steps_and_a_bad_value_refused(monkeypatch):
     monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
     assert config.cycle_timing_every() == 0

@@ -564,6 +564,16 @@ def test_a_bad_cycle_timing_value_is_refused_at_start(monkeypatch):
     _args()
 
 
+def test_sglangs_skip_of_the_steps_0_extend_is_refused(monkeypatch):
+    """SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (SGLang's): it would skip our steps-0 KV fill with the extend."""
+    for value in ("1", "true", "Y"):
+        monkeypatch.setenv(config.SKIP_ZERO_STEP_EXTEND_ENV, value)
+        with pytest.raises(EagleTritonConfigError, match="SKIP_ZERO_STEP_DRAFT_EXTEND=.*Unset"):
+            _args()
+    monkeypatch.setenv(config.SKIP_ZERO_STEP_EXTEND_ENV, "0")
+    _args()
+
+
 def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_PROFILE (diagnostics): a whole number of functions, logged with the cycle timing's
     summaries, so refused without it."""

@@ -99,6 +99,18 @@ def test_batches_replay_their_graph_padded_into_slot_0_and_eager_above_the_large
     assert torch.equal(pool, want) and graphs.replays == 3
 
 
+def test_one_set_of_static_inputs_and_inputs_of_another_shape_run_eagerly(device):
+    """Every size's graph reads views of one set of static inputs (the largest size's); a batch whose inputs are
+    not shaped as the captured ones (here 5 hidden features instead of 3) runs eagerly instead of failing."""
+    pool, _, graphs = graphs_for(device)
+    assert len({graphs.graphs[n][1][1].data_ptr() for n in (1, 2, 4)}) == 1
+    ids, _, positions, loc = rows(2, 50, device, seed=5)
+    wide = (ids, torch.randn(2, 5, device=device), positions, loc)
+    want = expected(pool, wide)
+    graphs(*wide)
+    assert torch.equal(pool, want) and graphs.eager == 1 and graphs.mismatched == 1 and graphs.replays == 0
+
+
 def test_without_a_pad_for_the_slots_a_stale_row_writes_a_freed_slot_again(device):
     """The broken variant the test above catches: slots not padded, a smaller batch's graph writes the last batch's
     fourth row into its old slot again (which may belong to another request by then)."""

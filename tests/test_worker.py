@@ -543,8 +543,12 @@ class _TensorPool:
 
 
 def _off_draft_worker(w, eagle3, pool, device):
-    features = 3 * w.hidden_size if eagle3 else w.hidden_size
-    fc = torch.nn.Linear(features, w.hidden_size, bias=False).to(w.dtype).to(device)
+    """A draft worker at steps 0 over ``pool``, its draft model's ``fc`` shaped as SGLang's (EAGLE-3: the target's
+    three auxiliary hidden states in; EAGLE-1: embedding and hidden state in, unused by the fill), the target
+    capturing auxiliary hidden states for EAGLE-3 only; returns it and the width of the target's hidden states."""
+    H = w.hidden_size
+    features = 3 * H if eagle3 else H
+    fc = torch.nn.Linear(3 * H if eagle3 else 2 * H, H, bias=False).to(w.dtype).to(device)
     dw = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
     dw._drafter_binding, dw._drafters, dw._stubs = (w, None, None, None, 1.0, 1.0), {}, None
     dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 1, 0, 1
@@ -554,6 +558,8 @@ def _off_draft_worker(w, eagle3, pool, device):
         token_to_kv_pool=pool, model=SimpleNamespace(model=SimpleNamespace(fc=fc, num_aux_hidden_states=3)),
         spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
         model_config=SimpleNamespace(spec_hidden_size=w.hidden_size, dtype=w.dtype))
+    dw.target_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        spec_aux_config=SimpleNamespace(eagle_use_aux_hidden_state=eagle3)))
     dw.fill_kv_only = True
     return dw, features
 
@@ -596,7 +602,8 @@ def test_off_fill_replays_its_graphs_as_the_eager_fill_stores(fresh_counts, devi
             assert dw._draft_extend_for_decode(batch, result) is None
         assert torch.equal(pools[0].k[1:], pools[1].k[1:]) and torch.equal(pools[0].v[1:], pools[1].v[1:]), n
     assert pools[0].k[1:].any() and fresh_counts[worker.DRAFT_KV_FILL] == 10
-    assert graphed._fill_graphs.replays == 4 and graphed._fill_graphs.eager == 1
+    assert graphed._fill_graphs.replays == 4 and graphed._fill_graphs.eager == 1  # captured at the target's width
+    assert graphed._fill_graphs.mismatched == 0
 
 
 def test_off_fill_graphs_at_the_steps_0_verify_graphs_sizes_on_one_gpu_only():
