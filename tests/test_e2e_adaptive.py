@@ -4,7 +4,8 @@ adaptive with the cycle knob (``config.ADAPTIVE_CYCLE_ENV``: the step count chan
 mid-request, through 0 = no draft, which fills the draft KV without the draft extend and hands back to drafting
 through one step at 0 with the full extend) and with the cost-aware policy (sgl_eagle_triton/adaptive.py), serve the
 trained tiny pair through ``/generate`` (greedy, deterministic inference; one by one and all at once); tree and
-mixed-topk candidates, and the cycle knob and cost policy at ``--tp 2``, likewise.
+mixed-topk candidates, the cycle knob with an EAGLE-1 draft (the random pair), and the cycle knob and cost policy
+at ``--tp 2``, likewise.
 
 Pass: each EAGLE_TRITON server is tie-aware equal to no speculation (tests/lossless.py), its ``/server_info``
 report shows our kernels ran with no error and the step counts it ran at (the cycling server: every candidate);
@@ -33,7 +34,7 @@ from tests.e2e import (
     tensor_parallel,
     verdicts,
 )
-from tests.tiny_models import TRAINED_PAIR
+from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
@@ -119,6 +120,24 @@ def _serve_tree_candidates(servers: dict, ours: tuple, report_name: str, shapes:
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == set(shapes) and min(steps.values()) >= 50, steps
     return reports
+
+
+def test_adaptive_eagle1_draft_is_lossless_across_switches(tmp_path):
+    """An EAGLE-1 draft (the random pair: its ``fc`` takes embedding and hidden state, the target hands over its
+    hidden state alone) under the cycle knob over the default chain candidates: steps 0's KV fill replayed from its
+    CUDA graphs at the target's hidden width (a fill shaped by the ``fc`` input crashed at the first fill), every
+    candidate run; tie-aware equal to no speculation."""
+    target, draft = (str(path) for path in write_random_eagle1_pair(tmp_path / "pair"))
+    servers = {
+        "nospec": e2e_server("adaptive-eagle1-nospec", target, [], tmp_path),
+        "ours_cycle": e2e_server("adaptive-EAGLE_TRITON-eagle1-cycle", target,
+                                 ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-adaptive",
+                                  "--speculative-draft-model-path", draft], tmp_path,
+                                 env={config.ADAPTIVE_CYCLE_ENV: "1"}),
+    }
+    chains = {steps: [int(steps), 1, int(steps) + 1] for steps in CANDIDATES}
+    reports = _serve_tree_candidates(servers, ("ours_cycle",), "adaptive-eagle1.json", chains)
+    assert reports["ours_cycle"]["ran"].get(DRAFT_KV_FILL, 0) >= 50, reports["ours_cycle"]["ran"]
 
 
 def test_adaptive_tree_candidates_are_lossless_across_switches(tmp_path):
