@@ -389,7 +389,9 @@ def _validate(sa) -> None:
     if getattr(sa, "enable_unified_memory", False):
         # Its pools size req_to_token rows without get_req_to_token_extra_context_len (see req_to_token_headroom).
         _refuse("--enable-unified-memory yet", "Drop the flag.")
-    if os.environ.get(SKIP_ZERO_STEP_EXTEND_ENV, "").lower() in ("true", "1", "yes", "y"):
+    from sglang.srt.environ import envs
+
+    if getattr(envs, SKIP_ZERO_STEP_EXTEND_ENV).get():  # read as SGLang reads it
         # SGLang would skip our steps-0 KV fill with its extend: the draft KV and the resume bookkeeping go stale
         _refuse(f"{SKIP_ZERO_STEP_EXTEND_ENV}={os.environ[SKIP_ZERO_STEP_EXTEND_ENV]} (steps 0 keeps the draft KV "
                 "cache with its own fill, which this would skip)", f"Unset {SKIP_ZERO_STEP_EXTEND_ENV}.")

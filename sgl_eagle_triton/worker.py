@@ -282,6 +282,12 @@ _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 
 
+def verify_graph_sizes(state) -> list[int]:
+    """The batch sizes an adaptive runtime state's verify CUDA graphs were captured at, ascending (none without
+    the state or its graphs)."""
+    return sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
+
+
 def without_draft_metadata(backend) -> None:
     """Turn off, on SGLang's multi-step draft decode attention ``backend`` (the instance), the metadata it computes
     before every draft (``init_forward_metadata_out_graph`` at a CUDA-graph replay: on the triton backend the KV
@@ -613,7 +619,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                 runners = (state.target_graph_runner, self.draft_worker._fill_graphs)
             # SGLang hands the controller its decode batch sizes only when --cuda-graph-bs-decode is given; else the
             # sizes the state's verify graphs were captured at
-            sizes = self.cost_policy.cuda_graph_bs or sorted(set(getattr(state.target_graph_runner, "capture_bs", ())))
+            sizes = self.cost_policy.cuda_graph_bs or verify_graph_sizes(state)
             for bs, ms in replay_ms(runners, sizes, state.speculative_num_draft_tokens).items():
                 replay[steps, bs] = ms
         missing = sorted(set(states) - {s for s, _ in replay})
@@ -630,8 +636,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         GPU: under tensor parallelism the fill stays eager (its graphs, whose embedding all-reduce would be captured,
         are not yet proven lossless end to end there; ``--tp`` servers are GPU-bound, where the graphs save little)."""
         controller = self.adaptive_controller
-        state = None if controller is None else controller._states.get(0)
-        sizes = sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
+        sizes = verify_graph_sizes(None if controller is None else controller._states.get(0))
         if not sizes or self.server_args.disable_cuda_graph:
             return
         if self.draft_worker._tensor_parallel is not None:
