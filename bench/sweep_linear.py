@@ -10,13 +10,12 @@ serves those shapes since (``CUBLAS_MIN_ROWS``).
                                                         draft LM head's tile pass over its vocabulary shard
                                                         (--ops qkv o_proj gate_up down lm_head, --rows 1 8)
 
-At --tp 4 shard shapes linear's rule gives too few bytes in flight at one row (qkv N 1536: 96 programs of 16
-columns, 19.8 us vs cuBLAS 13.8, floor 5.9 on an H200: results/2026-11-27-NVIDIA_H200-drafter-tp4.md), and the LM
-head's 8000-row shard gives 125 vocabulary tiles (60 us against a 15.4 us floor); ``--tp`` says which tiles would
-fix that before the rules change. An H200 run at --tp 4 (results/2026-11-27-NVIDIA_H200-sweep-linear-tp4.json): the
-rule / the best tile 1.34x at qkv (BLOCK_N 32, BLOCK_K 512), 1.55x at gate_up (32, 256), 1.18x at down (32, 512),
-1.06x at o_proj, 1.64x at the LM head's tile pass (BLOCK_K 256); the one-GPU shapes were never swept above
-BLOCK_K 128, so a new rule needs --tp 1 2 4 first.
+At --tp 4 shard shapes the rule before gave too few bytes in flight at one row (qkv N 1536: 96 programs of 16
+columns, BLOCK_K 128). Sweeps of rank 0's shards (an H200 at --tp 4:
+results/2026-11-27-NVIDIA_H200-sweep-linear-tp4.json; an H100 at --tp 1 and 2:
+results/2026-11-28-NVIDIA_H100_80GB_HBM3-sweep-linear-tp12.json) found 32 columns and deep K tiles (512, 256 with
+silu_mul) best wherever the grid is at most one wave, and BLOCK_K 256 best for the LM head's tile pass: the rules
+of ``linear._config`` and ``lm_head_topk._tile_pass_config`` since, each within 3 % of the best tile there.
 """
 
 import argparse
@@ -129,8 +128,9 @@ def sweep_tp_shape(M, N, K, silu) -> dict:
 
         return graph_us(launch, len(copies))
 
-    _, bn, bk, nwarp = _config(M, N)
-    st = _num_stages(triton.cdiv(N, bn), smem(bn, bk, 1, nwarp), device_info(x.device))
+    gpu = device_info(x.device)
+    _, bn, bk, nwarp = _config(M, N, K, silu, gpu.sms)
+    st = _num_stages(triton.cdiv(N, bn), smem(bn, bk, 1, nwarp), gpu)
     floor_us = rows_w * K * 2 / H200_COPY_BYTES_PER_S * 1e6
     return {**rule_and_best(time_tile, (bn, bk, st, nwarp), SKINNY_TILES, smem), "floor_us_h200": floor_us}
 
@@ -142,8 +142,8 @@ DRAFT_VOCAB = 32000  # the EAGLE-3 draft's vocabulary (token map to the target's
 def sweep_lm_head_shard(M, V, H=4096) -> dict:
     """As :func:`sweep_tp_shape` for the draft LM head's tile pass over a shard of ``V`` vocabulary rows (normed
     fp32 input, top-8 per tile): ``BLOCK_V`` (``lm_head_topk.VOCAB_TILE``, whose tiles the merge then reads),
-    ``BLOCK_K`` and depth against the kernel's own choice (64 / 128 / 4)."""
-    from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _lm_head_tile_kernel
+    ``BLOCK_K`` and depth against the kernel's own choice (``lm_head_topk._tile_pass_config``)."""
+    from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _lm_head_tile_kernel, _tile_pass_config
 
     topk = 8
     x = torch.randn(M, H, device="cuda", dtype=torch.float32)
@@ -164,7 +164,8 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
 
         return graph_us(launch, len(copies))
 
-    return {**rule_and_best(time_tile, (VOCAB_TILE, 128, 4, 4), LM_HEAD_TILES,
+    _, block_k, stages = _tile_pass_config(M, H, triton.cdiv(V, VOCAB_TILE), device_info(x.device).sms)
+    return {**rule_and_best(time_tile, (VOCAB_TILE, block_k, stages, 4), LM_HEAD_TILES,
                             lambda bv, bk, st, nwarp: st * (16 * bk * 4 + bv * bk * 2)),
             "floor_us_h200": V * H * 2 / H200_COPY_BYTES_PER_S * 1e6}
 

@@ -1,10 +1,15 @@
 """Triton skinny ``linear`` (drafter GEMMs with fused norm prologue and epilogues) against its PyTorch twin."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import triton
 
-from sgl_eagle_triton.kernels.linear import linear
+from sgl_eagle_triton.kernels.device import DeviceInfo
+from sgl_eagle_triton.kernels.linear import _config, _num_stages, linear
+from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _tile_pass_config
 from sgl_eagle_triton.reference.linear import linear as linear_ref
 
 
@@ -62,6 +67,16 @@ def test_fused_variants(device, M, flags):
     run_case(device, M, 72, 96, **flags)
 
 
+@pytest.mark.parametrize("N,K,flags", [(100, 3100, dict(residual=True)),
+                                       (72, 1600, dict(norm=True, x_fp32=True, silu_mul=True))])
+@pytest.mark.parametrize("M", [1, 20])
+def test_deep_k_tiles(device, M, N, K, flags):
+    """Grids of one wave (the interpreter counts 4 SMs): BLOCK_K 512 (256 with silu_mul), the last K tile partial."""
+    block_k = _config(M, N, K, flags.get("silu_mul", False), 4)[2]
+    assert block_k == (256 if flags.get("silu_mul") else 512)
+    run_case(device, M, N, K, **flags)
+
+
 @pytest.mark.parametrize(
     "flags",
     [dict(), dict(norm=True, x_fp32=True, silu_mul=True), dict(bias=True, residual=True)],
@@ -84,10 +99,16 @@ def test_fp16(device, M, flags):
         (14336, 4096, dict(norm=True, x_fp32=True, silu_mul=True)),  # gate_up
         (4096, 14336, dict(residual=True)),  # down_proj + residual
         (4096, 8192, dict(bias=True)),  # EAGLE-1 fc
+        (1536, 8192, {}),  # TP 4 shards: qkv (BLOCK_K 512), gate_up (256)
+        (3584, 4096, dict(norm=True, x_fp32=True, silu_mul=True)),
     ],
 )
 def test_llama8b_draft_shapes(M, N, K, flags, dtype):
     run_case("cuda", M, N, K, dtype=dtype, **flags)
+
+
+H200 = DeviceInfo(sms=132, shared_per_block=232_448, capability=(9, 0))  # an H100 SXM has the same
+SWEEPS = sorted((Path(__file__).parents[1] / "bench" / "results").glob("*-sweep-linear-tp*.json"))
 
 
 @pytest.mark.parametrize("M, N, K, silu, x_bytes, stages",
@@ -95,12 +116,36 @@ def test_llama8b_draft_shapes(M, N, K, flags, dtype):
 def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
     """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
     sweep's many-row shapes now run on cuBLAS)."""
-    from sgl_eagle_triton.kernels.device import DeviceInfo
-    from sgl_eagle_triton.kernels.linear import _config, _num_stages
-
-    h200 = DeviceInfo(sms=132, shared_per_block=232_448, capability=(9, 0))
-
-    block_m, block_n, block_k, _ = _config(M, N)
+    block_m, block_n, block_k, _ = _config(M, N, K, silu, H200.sms)
     stage_bytes = block_m * block_k * x_bytes + (1 + silu) * block_n * block_k * 2
     programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    assert _num_stages(programs, stage_bytes, h200) == stages
+    assert _num_stages(programs, stage_bytes, H200) == stages
+
+
+def _rule_tile(shape: str) -> tuple[int, int, int]:
+    """``(BLOCK_N or BLOCK_V, BLOCK_K, stages)`` the launchers pick on a 132-SM GPU for a sweep key such as
+    ``tp4 qkv M1 N1536 K8192`` or ``tp2 lm_head tile pass M1 V16000`` (bench/sweep_linear.py's shapes)."""
+    fields = dict((f[0], int(f[1:])) for f in shape.split() if f[0] in "MNKV" and f[1:].isdigit())
+    if "lm_head" in shape:
+        _, block_k, stages = _tile_pass_config(fields["M"], 4096, triton.cdiv(fields["V"], VOCAB_TILE), H200.sms)
+        return VOCAB_TILE, block_k, stages
+    silu = " gate_up " in shape
+    block_m, block_n, block_k, _ = _config(fields["M"], fields["N"], fields["K"], silu, H200.sms)
+    stage_bytes = block_m * block_k * (4 if silu else 2) + (1 + silu) * block_n * block_k * 2
+    return block_n, block_k, _num_stages(triton.cdiv(fields["N"], block_n), stage_bytes, H200)
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
+def test_tile_rules_pick_the_sweeps_best_tiles(sweep):
+    """At every shard shape of the H100 / H200 tile sweeps (rank 0's shards of the 8B draft at TP 1 / 2 / 4, one
+    and eight rows), the tile ``linear`` and the LM head's tile pass pick was measured (among the sweep's five
+    fastest, or as the rule of the day) within 3.2 % of the fastest tile; TP 4's o_proj (K 1024) 6 %, as before
+    (the bound of each: the measured worst, rounded up)."""
+    results = {k: v for k, v in json.loads(sweep.read_text()).items() if isinstance(v, dict)}
+    assert results
+    for shape, result in results.items():
+        timed = {tuple(t[1:4]): t[0] for t in [result["rule"], *result["best"]]}
+        tile = _rule_tile(shape)
+        assert tile in timed, (shape, tile, "not among the timed tiles")
+        bound = 1.065 if " o_proj " in shape and "K1024" in shape else 1.032
+        assert timed[tile] <= bound * result["best"][0][0], (shape, tile, timed[tile], result["best"][0])

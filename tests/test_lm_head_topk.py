@@ -85,6 +85,8 @@ CASES = [  # R, V, H, topk, norm, token_map, x dtype
     (3, 50, 48, 8, False, True, torch.bfloat16),  # one tile: fewer tiles than topk
     (3, 333, 64, 8, True, False, torch.bfloat16),
     (16, 200, 32, 4, False, False, torch.float32),
+    (3, 333, 768, 8, False, False, torch.bfloat16),  # BLOCK_K 256 (3 trips), more tiles than SMs (3 stages)
+    (2, 200, 512, 4, False, True, torch.float32),  # BLOCK_K 256, tiles within one wave (4 stages)
     (16, 333, 64, 1, True, True, torch.float32),
     (20, 333, 32, 8, True, True, torch.bfloat16),  # two row blocks, the second partial
     (20, 200, 64, 16, False, True, torch.bfloat16),
@@ -166,7 +168,7 @@ class TestRealShapes:
     H = 4096
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-    @pytest.mark.parametrize("V", [32000, 128256])
+    @pytest.mark.parametrize("V", [8000, 32000, 128256])  # 8000: a TP 4 shard's tiles, one wave
     @pytest.mark.parametrize("R", [1, 8, 64, 256])
     @pytest.mark.parametrize("topk", [1, 8])
     def test_exact(self, V, R, topk, dtype):

@@ -123,6 +123,26 @@ def test_linear_dropping_the_residual_fails(monkeypatch, device):
         test_linear.test_fused_variants(device, 5, dict(residual=True))
 
 
+def _tile_rule_before_the_shard_sweeps(M, N, K, silu_mul, sms):
+    """linear's tile rule before the TP shard sweeps: columns halved to 16 for 128+ programs, BLOCK_K 128."""
+    block_n = 64
+    while block_n > 16 and -(-N // block_n) < 128:
+        block_n //= 2
+    return (16 if M <= 16 else 32), block_n, 128, 4
+
+
+@pytest.mark.parametrize("rule", ["linear", "lm_head"])
+def test_tile_rules_before_the_shard_sweeps_fail(monkeypatch, rule):
+    """Each tile rule as it was before the TP shard sweeps (1.2-1.6x the best tile there) fails the sweep test."""
+    if rule == "linear":
+        monkeypatch.setattr(test_linear, "_config", _tile_rule_before_the_shard_sweeps)
+    else:
+        monkeypatch.setattr(test_linear, "_tile_pass_config", lambda R, H, tiles, sms: (16, 128, 4))
+    for sweep in test_linear.SWEEPS:
+        with pytest.raises(AssertionError):
+            test_linear.test_tile_rules_pick_the_sweeps_best_tiles(sweep)
+
+
 def test_rms_norm_without_its_weight_fails(monkeypatch, device):
     rms_norm = test_rms_norm.rms_norm
     monkeypatch.setattr(test_rms_norm, "rms_norm", lambda x, weight, eps: rms_norm(x, torch.ones_like(weight), eps))

@@ -133,14 +133,22 @@ def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, 
                     SILU_MUL, ADD_RESIDUAL, WRITE_SUM, DTYPE)
 
 
-def _config(M: int, N: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for up to ``CUBLAS_MIN_ROWS - 1`` rows: one 16/32-row tile
-    and columns split until ~128+ programs stream the weight."""
+def _config(M: int, N: int, K: int, silu_mul: bool, sms: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for up to ``CUBLAS_MIN_ROWS - 1`` rows: one 16/32-row tile,
+    32 columns per program (64 where that still gives over two programs per SM), BLOCK_K 128. Where the grid is
+    at most one wave (a tensor-parallel shard, or N 4096 on 132 SMs) one program per SM must keep more bytes in
+    flight: deeper K tiles, up to 512 (256 with ``silu_mul``: two weight tiles and an fp32 x), as long as K holds
+    six of them. On the H100 / H200 sweeps of the 8B draft's shards at TP 1 / 2 / 4 this picks the best tile or
+    one within 3.2 % of it, but at TP 4's o_proj (K 1024: 6 %, as the rule before;
+    bench/results/*-sweep-linear-tp*.json, tests/test_linear.py)."""
     block_m = 16 if M <= 16 else 32
-    block_n = 64
-    while block_n > 16 and triton.cdiv(N, block_n) < 128:
-        block_n //= 2
-    return block_m, block_n, 128, 4
+    block_n = 64 if triton.cdiv(N, 32) > 2 * sms else 32
+    block_k = 128
+    if block_n == 32 and triton.cdiv(N, block_n) <= sms:
+        block_k = 256 if silu_mul else 512
+        while block_k > 128 and K < 6 * block_k:
+            block_k //= 2
+    return block_m, block_n, block_k, 4
 
 
 def _num_stages(programs: int, stage_bytes: int, gpu: DeviceInfo) -> int:
@@ -181,11 +189,12 @@ def linear(
     assert out_sum is None or residual is not None, "out_sum is the residual epilogue's fp32 sum"
     if M >= CUBLAS_MIN_ROWS:
         return _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum)
-    block_m, block_n, block_k, num_warps = _config(M, N)
+    gpu = device_info(x.device)
+    block_m, block_n, block_k, num_warps = _config(M, N, K, silu_mul, gpu.sms)
     # One pipeline stage holds an x tile and one (two with silu_mul) weight tiles.
     stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, device_info(x.device))
+    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, gpu)
     dummy = out
     _linear_kernel[grid](
         x,

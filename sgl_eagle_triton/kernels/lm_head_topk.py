@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -243,9 +243,8 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
     if from_logits:  # many rows: cuBLAS writes the logits in the weight's dtype, the tile kernel reads them
         z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
         x = F.linear(z, weight)
-    block_r = 16 if R <= 16 else 32 if R <= 32 else 64
-    block_k = min(H & -H, 128 if block_r < 64 else 64)  # the largest power of two dividing H, capped
     num_tiles = triton.cdiv(V, VOCAB_TILE)
+    block_r, block_k, num_stages = _tile_pass_config(R, H, num_tiles, device_info(x.device).sms)
     keys = torch.empty((R, topk, num_tiles), dtype=torch.int64, device=x.device)
     sums = torch.empty((R, num_tiles), dtype=torch.float32, device=x.device)
     _lm_head_tile_kernel[(triton.cdiv(R, block_r), num_tiles)](
@@ -270,9 +269,21 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
         DTYPE=tl_dtype(weight.dtype),
         **pdl_args(x.device),
         num_warps=4,
-        num_stages=4,
+        num_stages=num_stages,
     )
     return keys, sums
+
+
+def _tile_pass_config(R: int, H: int, num_tiles: int, sms: int) -> tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_K, num_stages)`` of kernel 1 for ``R`` rows, hidden size ``H`` and ``num_tiles``
+    vocabulary tiles. ``BLOCK_K`` is the largest power of two dividing ``H``, capped: 256 for up to 16 rows,
+    pipelined 4 deep where the tiles are at most one wave (a tensor-parallel shard of the vocabulary), else 3 (the
+    best tile of H100 / H200 sweeps at the 8B draft's 32000 / 16000 / 8000-row shards, or within 3 % of it:
+    bench/results/*-sweep-linear-tp*.json); 128 for up to 32 rows, 64 from logits."""
+    block_r = 16 if R <= 16 else 32 if R <= 32 else 64
+    block_k = min(H & -H, 256 if block_r == 16 else 128 if block_r == 32 else 64)
+    num_stages = 3 if block_r == 16 and num_tiles > sms else 4
+    return block_r, block_k, num_stages
 
 
 def _merge(keys, sums, V: int, block_v: int, topk: int, token_map, out_a, out_b, id_offset: int = 0,
