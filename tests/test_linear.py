@@ -1,5 +1,6 @@
 """Triton skinny ``linear`` (drafter GEMMs with fused norm prologue and epilogues) against its PyTorch twin."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 import triton
 
-from sgl_eagle_triton.kernels.device import DeviceInfo
-from sgl_eagle_triton.kernels.linear import _config, _num_stages, linear
+from sgl_eagle_triton.kernels.device import SHARED_RESERVE, DeviceInfo, device_info
+from sgl_eagle_triton.kernels.linear import _config, _num_stages, _stage_bytes, linear
 from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _tile_pass_config
 from sgl_eagle_triton.reference.linear import linear as linear_ref
 
@@ -71,8 +72,10 @@ def test_fused_variants(device, M, flags):
                                        (72, 1600, dict(norm=True, x_fp32=True, silu_mul=True))])
 @pytest.mark.parametrize("M", [1, 20])
 def test_deep_k_tiles(device, M, N, K, flags):
-    """Grids of one wave (the interpreter counts 4 SMs): BLOCK_K 512 (256 with silu_mul), the last K tile partial."""
-    block_k = _config(M, N, K, flags.get("silu_mul", False), 4)[2]
+    """Grids of one wave (on every GPU and the interpreter's 4 SMs): BLOCK_K 512 (256 with silu_mul), the last
+    K tile partial."""
+    silu = flags.get("silu_mul", False)
+    block_k = _config(M, N, K, silu, 4 if silu else 2, device_info(torch.device(device)))[2]
     assert block_k == (256 if flags.get("silu_mul") else 512)
     run_case(device, M, N, K, **flags)
 
@@ -116,8 +119,8 @@ SWEEPS = sorted((Path(__file__).parents[1] / "bench" / "results").glob("*-sweep-
 def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
     """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
     sweep's many-row shapes now run on cuBLAS)."""
-    block_m, block_n, block_k, _ = _config(M, N, K, silu, H200.sms)
-    stage_bytes = block_m * block_k * x_bytes + (1 + silu) * block_n * block_k * 2
+    block_m, block_n, block_k, _ = _config(M, N, K, silu, x_bytes, H200)
+    stage_bytes = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
     programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     assert _num_stages(programs, stage_bytes, H200) == stages
 
@@ -127,18 +130,24 @@ def _rule_tile(shape: str) -> tuple[int, int, int]:
     ``tp4 qkv M1 N1536 K8192`` or ``tp2 lm_head tile pass M1 V16000`` (bench/sweep_linear.py's shapes)."""
     fields = dict((f[0], int(f[1:])) for f in shape.split() if f[0] in "MNKV" and f[1:].isdigit())
     if "lm_head" in shape:
-        _, block_k, stages = _tile_pass_config(fields["M"], 4096, triton.cdiv(fields["V"], VOCAB_TILE), H200.sms)
+        _, block_k, stages = _tile_pass_config(fields["M"], 4096, triton.cdiv(fields["V"], VOCAB_TILE), 4, H200)
         return VOCAB_TILE, block_k, stages
     silu = " gate_up " in shape
-    block_m, block_n, block_k, _ = _config(fields["M"], fields["N"], fields["K"], silu, H200.sms)
-    stage_bytes = block_m * block_k * (4 if silu else 2) + (1 + silu) * block_n * block_k * 2
+    x_bytes = 4 if silu else 2  # the sweep's x: fp32 for gate_up (the residual sum), bf16 otherwise
+    block_m, block_n, block_k, _ = _config(fields["M"], fields["N"], fields["K"], silu, x_bytes, H200)
+    stage_bytes = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
     return block_n, block_k, _num_stages(triton.cdiv(fields["N"], block_n), stage_bytes, H200)
+
+
+def test_the_tile_sweeps_are_there():
+    """The sweep test below runs once per result file: without them it would check nothing."""
+    assert len(SWEEPS) >= 2, SWEEPS
 
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
 def test_tile_rules_pick_the_sweeps_best_tiles(sweep):
     """At every shard shape of the H100 / H200 tile sweeps (rank 0's shards of the 8B draft at TP 1 / 2 / 4, one
-    and eight rows), the tile ``linear`` and the LM head's tile pass pick was measured (among the sweep's five
+    row, and eight at TP 4), the tile ``linear`` and the LM head's tile pass pick was measured (among the sweep's five
     fastest, or as the rule of the day) within 3.2 % of the fastest tile; TP 4's o_proj (K 1024) 6 %, as before
     (the bound of each: the measured worst, rounded up)."""
     results = {k: v for k, v in json.loads(sweep.read_text()).items() if isinstance(v, dict)}
@@ -149,3 +158,25 @@ def test_tile_rules_pick_the_sweeps_best_tiles(sweep):
         assert tile in timed, (shape, tile, "not among the timed tiles")
         bound = 1.065 if " o_proj " in shape and "K1024" in shape else 1.032
         assert timed[tile] <= bound * result["best"][0][0], (shape, tile, timed[tile], result["best"][0])
+
+
+@pytest.mark.parametrize("gpu", [H200, DeviceInfo(108, 166_912, (8, 0)), DeviceInfo(84, 101_376, (8, 9))],
+                         ids=["h200", "a100", "l40"])
+def test_tile_rules_fit_shared_memory(gpu):
+    """On GPUs of less shared memory (an A100's 163 KB, an L40's 99 KB) the rules take shallower K tiles or fewer
+    stages rather than tiles Triton cannot launch: every pipeline fits."""
+    budget = gpu.shared_per_block - SHARED_RESERVE
+    for tp, M, (N, K, silu) in itertools.product([1, 2, 4, 8], [1, 8, 20, 32], [
+            (6144, 8192, False), (4096, 4096, False), (14336, 4096, True), (4096, 14336, False)]):
+        N, K = (N // tp, K) if N != 4096 else (N, K // tp)
+        for x_bytes in (2, 4):
+            block_m, block_n, block_k, _ = _config(M, N, K, silu, x_bytes, gpu)
+            stage = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
+            programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+            assert _num_stages(programs, stage, gpu) * stage <= budget
+            assert block_k == 128 or 3 * stage <= budget  # deep K tiles only where three stages stream
+    for R, H, x_bytes, vocab in itertools.product([1, 8, 20, 32, 40], [2048, 4096, 5120], [2, 4], [8000, 128256]):
+        block_r, block_k, stages = _tile_pass_config(R, H, triton.cdiv(vocab, VOCAB_TILE), x_bytes, gpu)
+        assert H % block_k == 0 and stages * (block_r * block_k * x_bytes + VOCAB_TILE * block_k * 2) <= budget
+    deep = _tile_pass_config(1, 4096, 125, 4, gpu)[1]
+    assert deep == (128 if gpu.shared_per_block < 160_000 else 256)  # three 48 KB stages fit but on the L40

@@ -123,7 +123,7 @@ def test_linear_dropping_the_residual_fails(monkeypatch, device):
         test_linear.test_fused_variants(device, 5, dict(residual=True))
 
 
-def _tile_rule_before_the_shard_sweeps(M, N, K, silu_mul, sms):
+def _tile_rule_before_the_shard_sweeps(M, N, K, silu_mul, x_bytes, gpu):
     """linear's tile rule before the TP shard sweeps: columns halved to 16 for 128+ programs, BLOCK_K 128."""
     block_n = 64
     while block_n > 16 and -(-N // block_n) < 128:
@@ -137,7 +137,8 @@ def test_tile_rules_before_the_shard_sweeps_fail(monkeypatch, rule):
     if rule == "linear":
         monkeypatch.setattr(test_linear, "_config", _tile_rule_before_the_shard_sweeps)
     else:
-        monkeypatch.setattr(test_linear, "_tile_pass_config", lambda R, H, tiles, sms: (16, 128, 4))
+        monkeypatch.setattr(test_linear, "_tile_pass_config", lambda R, H, tiles, x_bytes, gpu: (16, 128, 4))
+    assert test_linear.SWEEPS
     for sweep in test_linear.SWEEPS:
         with pytest.raises(AssertionError):
             test_linear.test_tile_rules_pick_the_sweeps_best_tiles(sweep)

@@ -40,6 +40,9 @@ def device_info(device: torch.device) -> DeviceInfo:
 # Linear layer and LM head: from this many rows on cuBLAS runs the GEMM (bench/drafter.py's per-op rows on an
 # H100, 2026-11-26: our Triton GEMM at 0.83-1.09x cuBLAS up to 8 rows, 1.0-1.6x at 64 and 1.2-3.4x at 256).
 CUBLAS_MIN_ROWS = 33
+# Headroom the GEMM tile rules keep below a block's shared memory: they count stages x (x tile + weight tiles) plus
+# this, an upper bound of what Triton 3.6 allocates (about stages - 1 of them, plus a normalised x tile).
+SHARED_RESERVE = 8192
 # Draft attention: prefix chunks per (request, kv head) give this many waves over the SMs, at most MAX.
 ATTENTION_WAVES = 2
 ATTENTION_MAX_SPLIT = 32

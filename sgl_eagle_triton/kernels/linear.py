@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, SHARED_RESERVE, DeviceInfo, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -133,29 +133,35 @@ def _epilogue_kernel(y_ptr, stride_y, res_ptr, stride_res, out_ptr, stride_out, 
                     SILU_MUL, ADD_RESIDUAL, WRITE_SUM, DTYPE)
 
 
-def _config(M: int, N: int, K: int, silu_mul: bool, sms: int) -> tuple[int, int, int, int]:
+def _config(M: int, N: int, K: int, silu_mul: bool, x_bytes: int, gpu: DeviceInfo) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for up to ``CUBLAS_MIN_ROWS - 1`` rows: one 16/32-row tile,
-    32 columns per program (64 where that still gives over two programs per SM), BLOCK_K 128. Where the grid is
+    32 columns per program (64 where 64-column programs still outnumber the SMs), BLOCK_K 128. Where the grid is
     at most one wave (a tensor-parallel shard, or N 4096 on 132 SMs) one program per SM must keep more bytes in
     flight: deeper K tiles, up to 512 (256 with ``silu_mul``: two weight tiles and an fp32 x), as long as K holds
-    six of them. On the H100 / H200 sweeps of the 8B draft's shards at TP 1 / 2 / 4 this picks the best tile or
-    one within 3.2 % of it, but at TP 4's o_proj (K 1024: 6 %, as the rule before;
-    bench/results/*-sweep-linear-tp*.json, tests/test_linear.py)."""
+    six of them and three pipeline stages fit in shared memory. On the H100 / H200 sweeps of the 8B draft's shards
+    at TP 1 / 2 / 4 this picks the best tile or one within 3.2 % of it, but at TP 4's o_proj (K 1024: 6 %, as the
+    rule before; bench/results/*-sweep-linear-tp*.json, tests/test_linear.py)."""
     block_m = 16 if M <= 16 else 32
-    block_n = 64 if triton.cdiv(N, 32) > 2 * sms else 32
+    block_n = 64 if triton.cdiv(N, 32) > 2 * gpu.sms else 32
     block_k = 128
-    if block_n == 32 and triton.cdiv(N, block_n) <= sms:
+    if block_n == 32 and triton.cdiv(N, block_n) <= gpu.sms:
         block_k = 256 if silu_mul else 512
-        while block_k > 128 and K < 6 * block_k:
+        while block_k > 128 and (K < 6 * block_k or 3 * _stage_bytes(block_m, block_n, block_k, x_bytes, silu_mul)
+                                 > gpu.shared_per_block - SHARED_RESERVE):
             block_k //= 2
     return block_m, block_n, block_k, 4
+
+
+def _stage_bytes(block_m: int, block_n: int, block_k: int, x_bytes: int, silu_mul: bool) -> int:
+    """Shared memory of one pipeline stage: an x tile and one (two with ``silu_mul``) 16-bit weight tiles."""
+    return block_m * block_k * x_bytes + (1 + silu_mul) * block_n * block_k * 2
 
 
 def _num_stages(programs: int, stage_bytes: int, gpu: DeviceInfo) -> int:
     """Pipeline depth: as deep as shared memory allows (at most 4) while every program of the grid is resident
     at once (programs per SM = ``cdiv(programs, SMs)`` share an SM's shared memory), but at least 2. This rule
     gives the best depth of an H200 sweep at all six 8B draft shapes tried (results/*-linear-sweep.json)."""
-    budget = gpu.shared_per_block - 8192
+    budget = gpu.shared_per_block - SHARED_RESERVE
     resident = budget // (triton.cdiv(programs, gpu.sms) * stage_bytes)
     return max(1, min(4, budget // stage_bytes, max(2, resident)))
 
@@ -190,10 +196,9 @@ def linear(
     if M >= CUBLAS_MIN_ROWS:
         return _linear_cublas(x, weight, out, bias, norm_weight, eps, silu_mul, residual, out_sum)
     gpu = device_info(x.device)
-    block_m, block_n, block_k, num_warps = _config(M, N, K, silu_mul, gpu.sms)
-    # One pipeline stage holds an x tile and one (two with silu_mul) weight tiles.
-    stage_bytes = block_m * block_k * x.element_size() + (1 + silu_mul) * block_n * block_k * weight.element_size()
+    block_m, block_n, block_k, num_warps = _config(M, N, K, silu_mul, x.element_size(), gpu)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    stage_bytes = _stage_bytes(block_m, block_n, block_k, x.element_size(), silu_mul)
     num_stages = _num_stages(grid[0] * grid[1], stage_bytes, gpu)
     dummy = out
     _linear_kernel[grid](

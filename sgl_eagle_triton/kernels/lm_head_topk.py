@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, device_info
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, SHARED_RESERVE, DeviceInfo, device_info
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -244,7 +244,7 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
         z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
         x = F.linear(z, weight)
     num_tiles = triton.cdiv(V, VOCAB_TILE)
-    block_r, block_k, num_stages = _tile_pass_config(R, H, num_tiles, device_info(x.device).sms)
+    block_r, block_k, num_stages = _tile_pass_config(R, H, num_tiles, x.element_size(), device_info(x.device))
     keys = torch.empty((R, topk, num_tiles), dtype=torch.int64, device=x.device)
     sums = torch.empty((R, num_tiles), dtype=torch.float32, device=x.device)
     _lm_head_tile_kernel[(triton.cdiv(R, block_r), num_tiles)](
@@ -274,16 +274,24 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
     return keys, sums
 
 
-def _tile_pass_config(R: int, H: int, num_tiles: int, sms: int) -> tuple[int, int, int]:
-    """``(BLOCK_R, BLOCK_K, num_stages)`` of kernel 1 for ``R`` rows, hidden size ``H`` and ``num_tiles``
-    vocabulary tiles. ``BLOCK_K`` is the largest power of two dividing ``H``, capped: 256 for up to 16 rows,
-    pipelined 4 deep where the tiles are at most one wave (a tensor-parallel shard of the vocabulary), else 3 (the
-    best tile of H100 / H200 sweeps at the 8B draft's 32000 / 16000 / 8000-row shards, or within 3 % of it:
-    bench/results/*-sweep-linear-tp*.json); 128 for up to 32 rows, 64 from logits."""
+def _tile_pass_config(R: int, H: int, num_tiles: int, x_bytes: int, gpu: DeviceInfo) -> tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_K, num_stages)`` of kernel 1 for ``R`` rows of x (``x_bytes`` an element), hidden size ``H``
+    and ``num_tiles`` vocabulary tiles. Up to 16 rows: ``BLOCK_K`` 256 where three stages of it fit in shared memory
+    (else 128), 4 stages where the tiles are at most one wave (a tensor-parallel shard of the vocabulary), else 3:
+    the best tile of H100 / H200 sweeps at the 8B draft's 32000 / 16000 / 8000-row shards, or within 2 % of it
+    (bench/results/*-sweep-linear-tp*.json). 17-32 rows: 128, 4 stages; from logits: 64 (unused), 4 stages.
+    ``BLOCK_K`` never exceeds the largest power of two dividing ``H`` (the K loop is unmasked), the stages never
+    shared memory."""
     block_r = 16 if R <= 16 else 32 if R <= 32 else 64
-    block_k = min(H & -H, 256 if block_r == 16 else 128 if block_r == 32 else 64)
-    num_stages = 3 if block_r == 16 and num_tiles > sms else 4
-    return block_r, block_k, num_stages
+    budget = gpu.shared_per_block - SHARED_RESERVE
+
+    def stage_bytes(block_k):  # an x tile and a 16-bit weight tile
+        return block_r * block_k * x_bytes + VOCAB_TILE * block_k * 2
+
+    cap = 64 if block_r == 64 else 256 if block_r == 16 and 3 * stage_bytes(256) <= budget else 128
+    block_k = min(H & -H, cap)
+    num_stages = 3 if block_r == 16 and num_tiles > gpu.sms else 4
+    return block_r, block_k, max(1, min(num_stages, budget // stage_bytes(block_k)))
 
 
 def _merge(keys, sums, V: int, block_v: int, topk: int, token_map, out_a, out_b, id_offset: int = 0,
