@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import device_info
+from sgl_eagle_triton.kernels.device import device_info, stage_bytes
 from sgl_eagle_triton.kernels.linear import _config, _linear_kernel, _num_stages
 
 SHAPES = [(256, 14336, 4096, True, torch.float32), (256, 6144, 8192, False, torch.bfloat16),
@@ -43,7 +43,7 @@ def sweep_shape(M, N, K, silu, xdt) -> list[tuple]:
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     nw = torch.ones(K, device="cuda", dtype=torch.bfloat16)
     def fits(bm, bn, bk, st, nwarp):
-        smem = st * (bm * bk * x.element_size() + (1 + silu) * bn * bk * 2)
+        smem = st * stage_bytes(bm, bn, bk, x.element_size(), 1 + silu)
         return (nwarp == 8) == (bm >= 64) and bm <= max(16, M) and smem <= 220000
 
     def time_tile(bm, bn, bk, st, nwarp):
@@ -115,7 +115,7 @@ def sweep_tp_shape(M, N, K, silu) -> dict:
     nw = torch.ones(K, device="cuda", dtype=torch.bfloat16)
 
     def smem(bn, bk, st, nwarp):
-        return st * (16 * bk * x.element_size() + (1 + silu) * bn * bk * 2)
+        return st * stage_bytes(16, bn, bk, x.element_size(), 1 + silu)
 
     def time_tile(bn, bk, st, nwarp):
         grid = (1, triton.cdiv(N, bn))
@@ -167,7 +167,7 @@ def sweep_lm_head_shard(M, V, H=4096) -> dict:
 
     _, block_k, stages = _tile_pass_config(M, H, triton.cdiv(V, VOCAB_TILE), x.element_size(), device_info(x.device))
     return {**rule_and_best(time_tile, (VOCAB_TILE, block_k, stages, 4), LM_HEAD_TILES,
-                            lambda bv, bk, st, nwarp: st * (16 * bk * 4 + bv * bk * 2)),
+                            lambda bv, bk, st, nwarp: st * stage_bytes(16, bv, bk, x.element_size())),
             "floor_us_h200": V * H * 2 / H200_COPY_BYTES_PER_S * 1e6}
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import triton
 
-from sgl_eagle_triton.kernels.device import SHARED_RESERVE, DeviceInfo, device_info
-from sgl_eagle_triton.kernels.linear import _config, _num_stages, _stage_bytes, linear
+from sgl_eagle_triton.kernels.device import DeviceInfo, device_info, pipeline_budget, stage_bytes
+from sgl_eagle_triton.kernels.linear import _config, _num_stages, linear
 from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _tile_pass_config
 from sgl_eagle_triton.reference.linear import linear as linear_ref
 
@@ -120,9 +120,9 @@ def test_pipeline_depth_matches_the_h200_sweep(M, N, K, silu, x_bytes, stages):
     """The depth rule picks the best depth the H200 sweep found at 8B draft shapes (132 SMs, 227 KB; the
     sweep's many-row shapes now run on cuBLAS)."""
     block_m, block_n, block_k, _ = _config(M, N, K, silu, x_bytes, H200)
-    stage_bytes = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
+    stage = stage_bytes(block_m, block_n, block_k, x_bytes, 1 + silu)
     programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    assert _num_stages(programs, stage_bytes, H200) == stages
+    assert _num_stages(programs, stage, H200) == stages
 
 
 def _rule_tile(shape: str) -> tuple[int, int, int]:
@@ -135,8 +135,8 @@ def _rule_tile(shape: str) -> tuple[int, int, int]:
     silu = " gate_up " in shape
     x_bytes = 4 if silu else 2  # the sweep's x: fp32 for gate_up (the residual sum), bf16 otherwise
     block_m, block_n, block_k, _ = _config(fields["M"], fields["N"], fields["K"], silu, x_bytes, H200)
-    stage_bytes = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
-    return block_n, block_k, _num_stages(triton.cdiv(fields["N"], block_n), stage_bytes, H200)
+    stage = stage_bytes(block_m, block_n, block_k, x_bytes, 1 + silu)
+    return block_n, block_k, _num_stages(triton.cdiv(fields["N"], block_n), stage, H200)
 
 
 def test_the_tile_sweeps_are_there():
@@ -165,18 +165,18 @@ def test_tile_rules_pick_the_sweeps_best_tiles(sweep):
 def test_tile_rules_fit_shared_memory(gpu):
     """On GPUs of less shared memory (an A100's 163 KB, an L40's 99 KB) the rules take shallower K tiles or fewer
     stages rather than tiles Triton cannot launch: every pipeline fits."""
-    budget = gpu.shared_per_block - SHARED_RESERVE
+    budget = pipeline_budget(gpu)
     for tp, M, (N, K, silu) in itertools.product([1, 2, 4, 8], [1, 8, 20, 32], [
             (6144, 8192, False), (4096, 4096, False), (14336, 4096, True), (4096, 14336, False)]):
         N, K = (N // tp, K) if N != 4096 else (N, K // tp)
         for x_bytes in (2, 4):
             block_m, block_n, block_k, _ = _config(M, N, K, silu, x_bytes, gpu)
-            stage = _stage_bytes(block_m, block_n, block_k, x_bytes, silu)
+            stage = stage_bytes(block_m, block_n, block_k, x_bytes, 1 + silu)
             programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
             assert _num_stages(programs, stage, gpu) * stage <= budget
             assert block_k == 128 or 3 * stage <= budget  # deep K tiles only where three stages stream
     for R, H, x_bytes, vocab in itertools.product([1, 8, 20, 32, 40], [2048, 4096, 5120], [2, 4], [8000, 128256]):
         block_r, block_k, stages = _tile_pass_config(R, H, triton.cdiv(vocab, VOCAB_TILE), x_bytes, gpu)
-        assert H % block_k == 0 and stages * (block_r * block_k * x_bytes + VOCAB_TILE * block_k * 2) <= budget
+        assert H % block_k == 0 and stages * stage_bytes(block_r, VOCAB_TILE, block_k, x_bytes) <= budget
     deep = _tile_pass_config(1, 4096, 125, 4, gpu)[1]
     assert deep == (128 if gpu.shared_per_block < 160_000 else 256)  # three 48 KB stages fit but on the L40

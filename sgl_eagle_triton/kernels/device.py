@@ -36,6 +36,18 @@ def device_info(device: torch.device) -> DeviceInfo:
                       torch.cuda.get_device_capability(device))
 
 
+def pipeline_budget(gpu: DeviceInfo) -> int:
+    """Bytes of shared memory a GEMM tile rule may fill with pipeline stages on ``gpu`` (one block's, less
+    :data:`SHARED_RESERVE`)."""
+    return gpu.shared_per_block - SHARED_RESERVE
+
+
+def stage_bytes(rows: int, cols: int, block_k: int, x_bytes: int, weight_tiles: int = 1) -> int:
+    """Shared memory of one pipeline stage of a tiled ``x @ weight.T``: a ``[rows, block_k]`` tile of x
+    (``x_bytes`` an element) and ``weight_tiles`` 16-bit ``[cols, block_k]`` weight tiles."""
+    return rows * block_k * x_bytes + weight_tiles * cols * block_k * 2
+
+
 # --- tuning constants ---------------------------------------------------------------------------------------
 # Linear layer and LM head: from this many rows on cuBLAS runs the GEMM (bench/drafter.py's per-op rows on an
 # H100, 2026-11-26: our Triton GEMM at 0.83-1.09x cuBLAS up to 8 rows, 1.0-1.6x at 64 and 1.2-3.4x at 256).

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, SHARED_RESERVE, DeviceInfo, device_info
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info, pipeline_budget, stage_bytes
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -146,24 +146,19 @@ def _config(M: int, N: int, K: int, silu_mul: bool, x_bytes: int, gpu: DeviceInf
     block_k = 128
     if block_n == 32 and triton.cdiv(N, block_n) <= gpu.sms:
         block_k = 256 if silu_mul else 512
-        while block_k > 128 and (K < 6 * block_k or 3 * _stage_bytes(block_m, block_n, block_k, x_bytes, silu_mul)
-                                 > gpu.shared_per_block - SHARED_RESERVE):
+        while block_k > 128 and (K < 6 * block_k or 3 * stage_bytes(block_m, block_n, block_k, x_bytes, 1 + silu_mul)
+                                 > pipeline_budget(gpu)):
             block_k //= 2
     return block_m, block_n, block_k, 4
 
 
-def _stage_bytes(block_m: int, block_n: int, block_k: int, x_bytes: int, silu_mul: bool) -> int:
-    """Shared memory of one pipeline stage: an x tile and one (two with ``silu_mul``) 16-bit weight tiles."""
-    return block_m * block_k * x_bytes + (1 + silu_mul) * block_n * block_k * 2
-
-
-def _num_stages(programs: int, stage_bytes: int, gpu: DeviceInfo) -> int:
+def _num_stages(programs: int, stage: int, gpu: DeviceInfo) -> int:
     """Pipeline depth: as deep as shared memory allows (at most 4) while every program of the grid is resident
     at once (programs per SM = ``cdiv(programs, SMs)`` share an SM's shared memory), but at least 2. This rule
     gives the best depth of an H200 sweep at all six 8B draft shapes tried (results/*-linear-sweep.json)."""
-    budget = gpu.shared_per_block - SHARED_RESERVE
-    resident = budget // (triton.cdiv(programs, gpu.sms) * stage_bytes)
-    return max(1, min(4, budget // stage_bytes, max(2, resident)))
+    budget = pipeline_budget(gpu)
+    resident = budget // (triton.cdiv(programs, gpu.sms) * stage)
+    return max(1, min(4, budget // stage, max(2, resident)))
 
 
 def linear(
@@ -198,8 +193,8 @@ def linear(
     gpu = device_info(x.device)
     block_m, block_n, block_k, num_warps = _config(M, N, K, silu_mul, x.element_size(), gpu)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    stage_bytes = _stage_bytes(block_m, block_n, block_k, x.element_size(), silu_mul)
-    num_stages = _num_stages(grid[0] * grid[1], stage_bytes, gpu)
+    stage = stage_bytes(block_m, block_n, block_k, x.element_size(), 1 + silu_mul)
+    num_stages = _num_stages(grid[0] * grid[1], stage, gpu)
     dummy = out
     _linear_kernel[grid](
         x,

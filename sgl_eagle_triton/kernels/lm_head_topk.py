@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, SHARED_RESERVE, DeviceInfo, device_info
+from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info, pipeline_budget, stage_bytes
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -283,15 +283,11 @@ def _tile_pass_config(R: int, H: int, num_tiles: int, x_bytes: int, gpu: DeviceI
     ``BLOCK_K`` never exceeds the largest power of two dividing ``H`` (the K loop is unmasked), the stages never
     shared memory."""
     block_r = 16 if R <= 16 else 32 if R <= 32 else 64
-    budget = gpu.shared_per_block - SHARED_RESERVE
-
-    def stage_bytes(block_k):  # an x tile and a 16-bit weight tile
-        return block_r * block_k * x_bytes + VOCAB_TILE * block_k * 2
-
-    cap = 64 if block_r == 64 else 256 if block_r == 16 and 3 * stage_bytes(256) <= budget else 128
-    block_k = min(H & -H, cap)
+    budget = pipeline_budget(gpu)
+    deep_fits = 3 * stage_bytes(block_r, VOCAB_TILE, 256, x_bytes) <= budget
+    block_k = min(H & -H, 64 if block_r == 64 else 256 if block_r == 16 and deep_fits else 128)
     num_stages = 3 if block_r == 16 and num_tiles > gpu.sms else 4
-    return block_r, block_k, max(1, min(num_stages, budget // stage_bytes(block_k)))
+    return block_r, block_k, max(1, min(num_stages, budget // stage_bytes(block_r, VOCAB_TILE, block_k, x_bytes)))
 
 
 def _merge(keys, sums, V: int, block_v: int, topk: int, token_map, out_a, out_b, id_offset: int = 0,
