@@ -7,22 +7,28 @@ SGLang's pool sizing, and :func:`check_req_to_token_rows`, the worker's start-up
 draft kind (EAGLE-3 or EAGLE-1/2) is decided here once, from the draft checkpoint's ``architectures[0]``, and
 exported through ``DRAFT_KIND_ENV`` so that every spawned SGLang process answers ``is_eagle3()`` identically.
 
-Plain attribute reads and writes only: SGLang >= 0.5.23 passes a write-recording stand-in for
-``ServerArgs`` to this hook.
+Plain attribute reads and writes of ``ServerArgs`` fields only: from SGLang 0.5.19 the hooks get a stand-in that
+reads the resolved settings and records writes to fields (:mod:`sgl_eagle_triton.glue.args`); what is not a field
+(the adaptive tree candidates) travels in the environment, as the draft kind does. Code that runs after start-up
+reads server args through :func:`sgl_eagle_triton.glue.args.settings`.
 """
 
 from __future__ import annotations
 
-import copy
+import json
 import logging
 import os
 
 from sgl_eagle_triton import ALGORITHM_NAME, simulated_acceptance
+from sgl_eagle_triton.glue import args as glue_args
+from sgl_eagle_triton.glue import versions
 
 logger = logging.getLogger(__name__)
 
-TESTED_SGLANG_VERSIONS = ("0.5.17",)  # the SGLang releases the GPU suite passed on (pyproject.toml pins them)
 DRAFT_KIND_ENV = "SGLANG_EAGLE_TRITON_DRAFT_KIND"
+# the adaptive tree candidates as read at start ({steps: [topk, draft tokens]}, JSON), inherited by every process of
+# the server so that none reads the config file again (not a ServerArgs field: SGLang 0.5.19+ keeps only fields)
+ADAPTIVE_TREES_ENV = "SGLANG_EAGLE_TRITON_ADAPTIVE_TREES"
 DRAFT_CHECK_ENV = "SGLANG_EAGLE_TRITON_DRAFT_CHECK"  # read by sgl_eagle_triton.draft_check
 # Tests: under --speculative-adaptive, switch to the next candidate step count before every decode step (worker.py)
 ADAPTIVE_CYCLE_ENV = "SGLANG_EAGLE_TRITON_ADAPTIVE_CYCLE"
@@ -65,6 +71,12 @@ KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")  # SGLang
 # arg_groups/speculative_hook.py); EAGLE_TRITON follows the same rule, since SGLang's draft extend and the target's
 # verify run on them.
 PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+
+
+def is_ours(server_args) -> bool:
+    """Whether ``server_args`` (any object with ``speculative_algorithm``) ask for EAGLE_TRITON, in any letter case
+    (SGLang matches algorithm names case-insensitively; from 0.5.19 a record keeps the name as typed)."""
+    return str(getattr(server_args, "speculative_algorithm", None) or "").upper() == ALGORITHM_NAME
 
 
 class EagleTritonConfigError(ValueError):
@@ -203,6 +215,8 @@ def validate_before_defaults(sa) -> None:
     """SGLang's ``validate_server_args`` hook: runs before SGLang resolves speculative defaults and its adaptive
     parameters (which would switch an ``--speculative-adaptive`` it cannot run off with only a warning)."""
     global _adaptive_requested
+    versions.check_supported()
+    sa = glue_args.resolving(sa)
     _adaptive_requested = bool(sa.speculative_adaptive)
     if sa.speculative_adaptive:
         _check_adaptive(sa)
@@ -300,27 +314,39 @@ ADAPTIVE_DRAFT_TOKENS_KEY = "eagle_triton_draft_tokens"
 
 
 def _adaptive_config(sa) -> dict:
-    if not sa.speculative_adaptive_config:
+    path = glue_args.settings(sa).speculative_adaptive_config
+    if not path:
         return {}
-    import json
-
-    with open(sa.speculative_adaptive_config) as f:
+    with open(path) as f:
         return json.load(f)
-
-
-# the server args' attribute holding the tree candidates as read at start ({steps: (topk, draft tokens)}; pickled to
-# every process with the server args, so that no process reads the config file again)
-RESOLVED_TREES_ATTR = "eagle_triton_adaptive_trees"
 
 
 def adaptive_tree(sa, steps: int) -> tuple[int, int]:
     """``(topk, draft tokens)`` of the adaptive candidate of ``steps``: the server's topk and steps + 1 for chains
     and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry (``n`` at the server's topk, or a
-    narrower ``[k, n]``) as :func:`handle_server_args` read it at start."""
-    topk = sa.speculative_eagle_topk or 1
+    narrower ``[k, n]``) as :func:`handle_server_args` read it at start (:data:`ADAPTIVE_TREES_ENV`)."""
+    topk = glue_args.settings(sa).speculative_eagle_topk or 1
     if steps == 0 or topk == 1:
         return topk, steps + 1
-    return vars(sa)[RESOLVED_TREES_ATTR][steps]
+    return _resolved_trees()[steps]
+
+
+def _resolved_trees() -> dict[int, tuple[int, int]]:
+    trees = os.environ.get(ADAPTIVE_TREES_ENV)
+    if trees is None:
+        raise RuntimeError(f"{ALGORITHM_NAME}: {ADAPTIVE_TREES_ENV} is unset in this process: the adaptive tree "
+                           "candidates are resolved at server start (config.handle_server_args)")
+    return {int(s): tuple(kn) for s, kn in json.loads(trees).items()}
+
+
+def adaptive_max_draft_tokens(sa) -> int | None:
+    """The widest per-request KV and buffer rows of any adaptive candidate, max over candidates of max(steps * topk,
+    draft tokens) (tree candidates; None for anything else: SGLang's own answer stands)."""
+    cfg = glue_args.settings(sa)
+    if not cfg.speculative_adaptive or (cfg.speculative_eagle_topk or 1) == 1 or ADAPTIVE_TREES_ENV not in os.environ:
+        return None
+    topk = cfg.speculative_eagle_topk
+    return max(max(s * topk, n) for s, (_, n) in _resolved_trees().items())
 
 
 def adaptive_policy(sa) -> str:
@@ -337,19 +363,14 @@ def stock_adaptive_reason(sa, original=None) -> str | None:
         from sglang.srt.speculative import adaptive_spec_params
 
         original = adaptive_spec_params.adaptive_unsupported_reason
-    as_eagle3 = copy.copy(sa)
-    as_eagle3.speculative_algorithm = "EAGLE3"
-    as_eagle3.speculative_eagle_topk = 1  # EAGLE_TRITON's tree candidates: _check_adaptive_trees
-    return original(as_eagle3)
-
-
-ADAPTIVE_REASON_TARGET = "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason"
+    # topk 1: EAGLE_TRITON's tree candidates are checked by _check_adaptive_trees
+    return original(glue_args.Overlay(sa, speculative_algorithm="EAGLE3", speculative_eagle_topk=1))
 
 
 def adaptive_reason(original, server_args, *args, **kwargs):
     """Around-hook on SGLang's ``adaptive_unsupported_reason``, which allows EAGLE / EAGLE3 only: an EAGLE_TRITON
     server is judged by EAGLE3's rules (its own refusals ran before, in :func:`validate_before_defaults`)."""
-    if getattr(server_args, "speculative_algorithm", None) == "EAGLE_TRITON":
+    if is_ours(server_args):
         return stock_adaptive_reason(server_args, original)
     return original(server_args, *args, **kwargs)
 
@@ -362,11 +383,15 @@ def _validate(sa) -> None:
         _refuse(f"--device {sa.device}", "Its kernels are validated on CUDA GPUs only; use --device cuda.")
     if sa.speculative_use_rejection_sampling:
         _refuse("--speculative-use-rejection-sampling", "Drop the flag (tree verification is lossless).")
+    if getattr(sa, "speculative_use_block_verification", False):  # SGLang 0.5.22+
+        _refuse("--speculative-use-block-verification", "Drop the flag (tree verification is lossless).")
+    if getattr(sa, "enable_watermark", False):  # SGLang 0.5.22+
+        _refuse("--enable-watermark yet (SGLang watermarks in its own sampled verify)", "Drop the flag.")
     if sa.enable_multi_layer_eagle:
         _refuse("--enable-multi-layer-eagle", "Drop the flag.")
     if sa.speculative_draft_window_size is not None:
         _refuse("--speculative-draft-window-size", "Drop the flag.")
-    if sa.enable_dp_attention:
+    if sa.enable_dp_attention or (getattr(sa, "attn_dp_size", None) or 1) > 1:  # 0.5.22+: attn_dp_size
         _refuse("--enable-dp-attention", "Drop the flag.")
     if sa.pp_size != 1:
         _refuse(f"pipeline parallelism (pp={sa.pp_size})", "Use --pp 1.")
@@ -544,9 +569,6 @@ def _resolve_tree_shape(sa) -> None:
     sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
 
 
-SHARED_LOGITS_ROWS_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.max_decode_logits_rows"
-
-
 def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
     """After-hook on SGLang's ``ModelRunner.max_decode_logits_rows``: under ``--speculative-adaptive`` the target's
     logits buffer shared by its CUDA graphs holds the widest candidate's verify tree.
@@ -555,38 +577,39 @@ def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
     candidate's verify graph fails an assertion at start (stock EAGLE3 too, e.g. the default brackets from their
     middle candidate 3 with ``--cuda-graph-max-bs 16``: "holds 64 rows but caller needs 128").
     """
-    sa = model_runner.server_args
-    if (getattr(sa, "speculative_algorithm", None) != "EAGLE_TRITON" or not sa.speculative_adaptive
+    sa = glue_args.settings(model_runner.server_args)
+    if (not is_ours(sa) or not sa.speculative_adaptive
             or model_runner.is_draft_worker or rows <= 0):
         return rows
     per_req = model_runner.decode_num_tokens_per_req()
-    return max(rows, rows // per_req * sa.max_speculative_num_draft_tokens)
+    return max(rows, rows // per_req * glue_args.max_draft_tokens(model_runner.server_args))
 
 
 def _resolve_adaptive_trees(sa) -> None:
-    """Tree candidates' topk and draft tokens from the config file, once, into the server args (every process reads
-    them there: :func:`adaptive_tree`); the initial state's draft tokens; and the per-request KV and buffer rows
-    of the widest candidate, max over candidates of max(steps * topk, draft tokens), as
-    ``max_speculative_num_draft_tokens`` (SGLang's ``get_alloc_len_per_decode`` takes the initial step count's
-    steps * topk and that; a cached property, so the value stored in the instance is what every process reads)."""
+    """Tree candidates' topk and draft tokens from the config file, once, into :data:`ADAPTIVE_TREES_ENV` (every
+    process of the server inherits it: :func:`adaptive_tree`); the initial state's draft tokens; and the per-request
+    KV and buffer rows of the widest candidate (:func:`adaptive_max_draft_tokens`: SGLang's
+    ``get_alloc_len_per_decode`` takes the initial step count's steps * topk and that), which SGLang up to 0.5.18
+    reads from the server args and later releases ask the algorithm for (``EagleTritonSpecAlgo``)."""
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
     given, topk = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY], sa.speculative_eagle_topk
     trees = {s: _tree_entry(given[str(s)], topk, "") if s else (topk, 1)
              for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
-    vars(sa)[RESOLVED_TREES_ATTR] = trees
+    os.environ[ADAPTIVE_TREES_ENV] = json.dumps({str(s): list(kn) for s, kn in trees.items()})
     sa.speculative_num_draft_tokens = trees[sa.speculative_num_steps][1]
-    vars(sa)["max_speculative_num_draft_tokens"] = max(max(s * topk, n) for s, (_, n) in trees.items())
+    glue_args.set_max_draft_tokens(sa, max(max(s * topk, n) for s, (_, n) in trees.items()))
 
 
 def handle_server_args(sa) -> None:
     """Validate, fill defaults and export the draft kind; mutates ``sa`` in place. Under ``--speculative-adaptive``
     SGLang has already set the initial steps (a candidate), topk 1 unless given, and draft tokens = steps + 1 (for
     tree candidates replaced here by the config file's)."""
+    sa = glue_args.resolving(sa)
     _validate(sa)
     if _adaptive_requested and not sa.speculative_adaptive:
         _refuse("--speculative-adaptive here: SGLang switched it off (its warning says why; is sgl-eagle-triton's "
-                f"hook on {ADAPTIVE_REASON_TARGET} loaded?)", "Drop --speculative-adaptive.")
+                "hook on SGLang's adaptive_unsupported_reason loaded?)", "Drop --speculative-adaptive.")
     os.environ[DRAFT_KIND_ENV] = resolve_draft_kind(sa.speculative_draft_model_path, sa.trust_remote_code)
     _check_fused_drafter(sa)  # first: what no setting makes work (e.g. heads that --tp does not divide)
     _check_tensor_parallel_trial(sa, os.environ[DRAFT_KIND_ENV])
@@ -606,14 +629,12 @@ def handle_server_args(sa) -> None:
         sa.enable_mixed_chunk = False
 
 
-REQ_TO_TOKEN_HEADROOM_TARGET = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
+def req_to_token_headroom(extra: int, server_args=None, *args, **kwargs) -> int:
+    """After-hook on SGLang's ``get_req_to_token_extra_context_len`` (of the server args up to 0.5.17, of the
+    published settings later): an EAGLE_TRITON server's ``req_to_token`` rows hold the whole per-decode KV
+    reservation, page size 1 included.
 
-
-def req_to_token_headroom(extra: int, server_args, *args, **kwargs) -> int:
-    """After-hook on SGLang's ``get_req_to_token_extra_context_len``: an EAGLE_TRITON server's
-    ``req_to_token`` rows hold the whole per-decode KV reservation, page size 1 included.
-
-    SGLang 0.5.17 widens the rows (``context_len + 4 + draft tokens``) to the reservation
+    SGLang (0.5.17 ... 0.5.23) widens the rows (``context_len + 4 + draft tokens``) to the reservation
     (``2 * max(topk * steps, draft tokens)`` past the committed length, ``eagle_prepare_for_decode``) only when
     ``page_size > 1``. With page size 1 the reservation outgrows the row whenever it exceeds the headroom plus the
     few tokens a decoding request stays below the context (e.g. the default 5 / 4 / 8: 40 against 12): a
@@ -622,22 +643,24 @@ def req_to_token_headroom(extra: int, server_args, *args, **kwargs) -> int:
     request at 5 / 4 / 8; ~130 in the load test, until the idle leak check stops the scheduler). A row of
     ``context_len + reservation`` holds any allocation, since the committed length never exceeds the context.
     """
-    if getattr(server_args, "speculative_algorithm", None) != "EAGLE_TRITON":
+    if server_args is None:
+        spec, page_size = glue_args.published_spec(), glue_args.published_page_size()
+    else:
+        spec = server_args = glue_args.settings(server_args)
+        page_size = server_args.page_size
+    if not is_ours(spec):
         return extra
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
-    return max(extra, get_alloc_reserve_per_decode(server_args) + server_args.page_size - 1)
+    return max(extra, glue_args.alloc_reserve_per_decode(server_args) + page_size - 1)
 
 
 def check_req_to_token_rows(row_width: int, context_len: int, server_args) -> None:
     """At worker start: the pool's rows really hold the reservation (fails if the hook above was not applied,
     e.g. a pool built by a path that sizes its rows itself)."""
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
-    need = context_len + get_alloc_reserve_per_decode(server_args)
+    need = context_len + glue_args.alloc_reserve_per_decode(server_args)
     if row_width < need:
         raise RuntimeError(
             f"EAGLE_TRITON: req_to_token rows hold {row_width} tokens, but a request near the context limit "
-            f"({context_len}) reserves up to {need}; the plugin's hook on {REQ_TO_TOKEN_HEADROOM_TARGET} was not "
-            "applied in this process (is sgl-eagle-triton loaded through SGLang's plugins?)."
+            f"({context_len}) reserves up to {need}; the plugin's hook on SGLang's "
+            "get_req_to_token_extra_context_len was not applied in this process (is sgl-eagle-triton loaded through "
+            "SGLang's plugins?)."
         )

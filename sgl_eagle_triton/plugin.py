@@ -31,6 +31,8 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
 from sgl_eagle_triton.cycle_timing import timed_forward
+from sgl_eagle_triton.glue import hooks, versions
+from sgl_eagle_triton.glue.args import settings
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,14 @@ class EagleTritonSpecAlgo(CustomSpecAlgo):
     def handle_server_args(self, server_args) -> None:
         config.handle_server_args(server_args)
 
+    def resolve_max_speculative_num_draft_tokens(self, server_args):
+        """SGLang 0.5.19+: the widest per-request draft of any state (KV reservation, buffer rows): the widest adaptive
+        tree candidate's (config.adaptive_max_draft_tokens), else what SGLang answers for the base algorithm."""
+        widest = config.adaptive_max_draft_tokens(server_args)
+        if widest is not None:
+            return widest
+        return SpeculativeAlgorithm.EAGLE3.resolve_max_speculative_num_draft_tokens(server_args)  # EAGLE's rule too
+
     def __getattr__(self, name: str):
         # Only reached for names this class and CustomSpecAlgo lack (predicates of newer SGLang).
         if name.startswith("_"):
@@ -82,9 +92,6 @@ def _worker_factory(server_args):
     return EagleTritonWorkerV2
 
 
-INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
-
-
 def report_kernels(result, scheduler, *args, **kwargs):
     """After-hook on the scheduler's ``get_internal_state``, whose ``GetInternalStateReqOutput.internal_state``
     becomes ``/server_info``'s ``internal_states[i]``: adds ``"eagle_triton"``, the EAGLE_TRITON worker's
@@ -96,11 +103,6 @@ def report_kernels(result, scheduler, *args, **kwargs):
     return result
 
 
-# every attention backend SGLang 0.5.17 builds (the model runner's at start-up, each adaptive state's) comes from here
-VERIFY_BACKEND_TARGET = ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
-                         "_build_resolved_backend")
-
-
 def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
     """After-hook on SGLang's ``attention_backend_setup._build_resolved_backend`` (keyword ``model_runner``): an
     EAGLE_TRITON target's Triton backend attends its verify through our kernel (before any CUDA graph is captured;
@@ -109,7 +111,7 @@ def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
     drafts, other backends and other algorithms keep SGLang's.
     The worker reports which one attends (and refuses to start under ``VERIFY_ATTENTION_ENV=1`` if not ours)."""
     if (model_runner is not None and not getattr(model_runner, "is_draft_worker", False)
-            and getattr(model_runner.server_args, "speculative_algorithm", None) == ALGORITHM_NAME
+            and config.is_ours(settings(model_runner.server_args))
             and config.verify_attention_wanted(model_runner.page_size, model_runner.kv_cache_dtype)):
         from sgl_eagle_triton.verify import tree_verify_attention
 
@@ -118,27 +120,20 @@ def verify_attention_backend(backend, *args, model_runner=None, **kwargs):
 
 
 def _register_hooks() -> None:
-    try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    except ImportError:  # an SGLang without the registry: the worker's row check refuses to start instead
-        logger.warning("%s: this SGLang has no plugin hook registry; req_to_token rows stay as SGLang sizes them",
-                       ALGORITHM_NAME)
-        return
-    HookRegistry.register(config.REQ_TO_TOKEN_HEADROOM_TARGET, config.req_to_token_headroom, HookType.AFTER)
-    HookRegistry.register(INTERNAL_STATE_TARGET, report_kernels, HookType.AFTER)
-    HookRegistry.register(config.ADAPTIVE_REASON_TARGET, config.adaptive_reason, HookType.AROUND)
-    HookRegistry.register(config.SHARED_LOGITS_ROWS_TARGET, config.shared_logits_rows, HookType.AFTER)
-    HookRegistry.register(VERIFY_BACKEND_TARGET, verify_attention_backend, HookType.AFTER)
+    hooks.register({
+        "req_to_token_headroom": config.req_to_token_headroom,
+        "report_kernels": report_kernels,
+        "adaptive_reason": config.adaptive_reason,
+        "shared_logits_rows": config.shared_logits_rows,
+        # every attention backend SGLang builds (the model runner's at start-up, each adaptive state's) comes from it
+        "verify_attention_backend": verify_attention_backend,
+    })
 
 
 def _simulate_stock_acceptance() -> None:
     """Benchmark mode (:mod:`sgl_eagle_triton.simulated_acceptance`): stock EAGLE / EAGLE3 verify under the same
-    simulated acceptance as EAGLE_TRITON, through SGLang's ``eagle_worker_common.eagle_sample`` (whose caller
-    ``EAGLEWorkerV2.verify`` looks it up at each call)."""
-    from sglang.srt.speculative import eagle_worker_common
-
-    if not getattr(eagle_worker_common.eagle_sample, "sgl_eagle_triton_simulated", False):
-        eagle_worker_common.eagle_sample = simulated_acceptance.wrap(eagle_worker_common.eagle_sample)
+    simulated acceptance as EAGLE_TRITON (SGLang's ``eagle_sample`` wrapped process-wide)."""
+    if hooks.wrap_stock_eagle_sample(simulated_acceptance.wrap, "sgl_eagle_triton_simulated"):
         logger.warning("%s: simulated acceptance %r for every EAGLE server of this process (benchmark mode)",
                        ALGORITHM_NAME, simulated_acceptance.profile_name())
 
@@ -148,15 +143,17 @@ def _time_eagle_workers(every: int) -> None:
     and ours (whose ``forward_batch_generation`` calls the parent's), logs its decode steps' timing
     (:func:`sgl_eagle_triton.cycle_timing.timed_forward`); subclasses that override the method without calling it
     (SGLang's MTP variants) are not timed. Imports SGLang's EAGLE worker module, only with the variable set."""
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-    if not getattr(EAGLEWorkerV2.forward_batch_generation, "sgl_eagle_triton_timed", False):
-        profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
-        EAGLEWorkerV2.forward_batch_generation = timed_forward(EAGLEWorkerV2.forward_batch_generation, every,
-                                                               profile_top=profile_top)
+    profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
+    if hooks.wrap_eagle_forward(lambda forward: timed_forward(forward, every, profile_top=profile_top),
+                                "sgl_eagle_triton_timed"):
         logger.warning("%s: %s=%d: every EAGLE server of this process logs its decode cycle timing (diagnostics)%s",
                        ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
                        f", with the {profile_top} most costly functions of its launches" if profile_top else "")
+
+
+def _refuse_this_sglang(server_args) -> None:
+    """The validate hook on an SGLang outside the served releases: refuses the server at start, naming the range."""
+    versions.check_supported()
 
 
 def register() -> None:
@@ -171,11 +168,17 @@ def register() -> None:
     elif every is None:  # EAGLE_TRITON refuses it at start; other servers say they run untimed
         logger.warning("%s: %s=%r is not a whole number of decode steps > 0: no cycle timing", ALGORITHM_NAME,
                        config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))
-    if get_spec(ALGORITHM_NAME) is None:
+    if get_spec(ALGORITHM_NAME) is not None:
+        return
+    served = versions.unsupported_reason() is None
+    if served:  # outside the served releases no hook is applied: the algorithm is registered only to refuse
         _register_hooks()
-        SpeculativeAlgorithm.register(
-            ALGORITHM_NAME,
-            supports_overlap=True,
-            validate_server_args=config.validate_before_defaults,
-            spec_class=EagleTritonSpecAlgo,
-        )(_worker_factory)
+    else:
+        logger.warning("%s: %s; a server asking for it is refused at start", ALGORITHM_NAME,
+                       versions.unsupported_reason())
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME,
+        supports_overlap=True,
+        validate_server_args=config.validate_before_defaults if served else _refuse_this_sglang,
+        spec_class=EagleTritonSpecAlgo,
+    )(_worker_factory)

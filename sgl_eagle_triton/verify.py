@@ -29,10 +29,11 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
-from sglang.srt.speculative import eagle_utils, spec_utils
+from sglang.srt.speculative import spec_utils
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 from sgl_eagle_triton import ALGORITHM_NAME
+from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_rows import start_up_chains, verify_outputs
@@ -85,12 +86,22 @@ def verify_tree_greedy_func(
     return outputs
 
 
-def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
+def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *,
+                 watermark_state=None, watermark_full_mask=True):
     """Same arguments and results as ``sglang.srt.speculative.eagle_utils.eagle_sample``:
-    ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, steps + 1] int32)``."""
+    ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, steps + 1] int32)``. The keywords newer
+    SGLang adds (0.5.20: UNO's top-k, another algorithm's; 0.5.22: a watermark, refused at start) go to SGLang's own
+    greedy path when set; the sampled path serves them unset only. A keyword SGLang starts passing beyond these
+    refuses the server at start (glue.check_glue matches this signature against SGLang's)."""
+    extra = {k: v for k, v in (("uno_target_max_top_k", uno_target_max_top_k), ("watermark_state", watermark_state),
+                               ("watermark_full_mask", watermark_full_mask))
+             if v is not (True if k == "watermark_full_mask" else None)}
     info = batch.sampling_info
     if batch.forward_mode.is_idle() or info.is_all_greedy:
-        return eagle_utils.eagle_sample(verify_input, batch, logits_output, grammar_mask)
+        return glue.sglang_eagle_sample()(verify_input, batch, logits_output, grammar_mask, **extra)
+    if extra.get("uno_target_max_top_k") is not None or extra.get("watermark_state") is not None:
+        raise RuntimeError(f"{ALGORITHM_NAME}: SGLang asked its sampled verify for {', '.join(extra)}, which it does "
+                           "not serve (the server should have refused the flag at start)")
 
     bs, n = len(batch.seq_lens), verify_input.draft_token_num
     logits = logits_output.next_token_logits  # [bs * n, vocab] float32
@@ -107,7 +118,7 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     # A strided view when SGLang trims a padded fp32 LM head (logits_processor's eager path).
     probs = prepare_target_probs(logits.contiguous(), info.temperatures, info.top_ks, info.top_ps, info.min_ps, n)
     candidates = verify_input.draft_token.reshape(bs, n)
-    coins, final_coins = eagle_utils._verify_coins(
+    coins, final_coins = glue.verify_coins()(
         sampling_info=info, seq_lens=batch.seq_lens, draft_token_num=n, candidates=candidates, device=batch.device
     )
     predict = torch.zeros(bs * n, dtype=torch.int32, device=batch.device)
@@ -159,9 +170,7 @@ def agree_with_rank_0(*tensors) -> None:
     (a broadcast of its predicts, accept index and accepted counts over the TP group): the ranks' target
     probabilities may differ in their last bits, and ranks that accepted differently would part (and hang in their
     next collective). Greedy verification needs none: every rank argmaxes the same all-gathered logits."""
-    from sglang.srt.distributed import parallel_state
-
-    group = parallel_state._TP  # None in a process without SGLang's parallel groups (one GPU, CPU tests)
+    group = glue.tp_group(None)  # None in a process without SGLang's parallel groups (one GPU, CPU tests)
     if group is not None and group.world_size > 1:
         for t in tensors:
             group.broadcast(t, src=0)

@@ -27,31 +27,25 @@ swapped in only while our workers call into SGLang, so that nothing else in the 
   tree speculative sampling), and ``eagle_utils.verify_tree_greedy_func`` (greedy batches) ->
   :mod:`sgl_eagle_triton.kernels.verify_greedy`.
 
-The glue proves itself twice. At start-up (:func:`check_call_sites`) every SGLang method we wrap must still
-reach the name we rebind or the method we override (read from the methods' bytecode), else the worker
-refuses to start. After the first draft and the first verify of each kind, the kernel that should have run
-must have run (:data:`sgl_eagle_triton.verify.RAN`), else an error goes to the log and to ``/server_info``
-(``internal_states[0]["eagle_triton"]``, :meth:`EagleTritonWorkerV2.kernel_report`).
+Every SGLang name above is rebound through :mod:`sgl_eagle_triton.glue` (the one place that touches SGLang's
+internals). The glue proves itself twice. At start-up (:func:`sgl_eagle_triton.glue.call_sites.check_glue`) the
+installed SGLang must be a served release, every SGLang method we wrap must still reach the name we rebind or the
+method we override (read from the methods' bytecode), SGLang's signatures must be ones we handle and our overrides
+must take every parameter SGLang passes, else the worker refuses to start. After the first draft and the first
+verify of each kind, the kernel that should have run must have run (:data:`sgl_eagle_triton.verify.RAN`), else an
+error goes to the log and to ``/server_info`` (``internal_states[0]["eagle_triton"]``,
+:meth:`EagleTritonWorkerV2.kernel_report`).
 """
 
 from __future__ import annotations
 
-import dis
-import inspect
 import logging
 import os
 import time
-import types
 from collections import Counter
-from contextlib import contextmanager
 
 import sglang
 import torch
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
-from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
-from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
-from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
@@ -63,6 +57,9 @@ from sgl_eagle_triton.drafter import (
     shard_layout_problems,
     vocab_shard,
 )
+from sgl_eagle_triton.glue import call_sites as glue
+from sgl_eagle_triton.glue.args import settings
+from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.row_graphs import RowGraphs
@@ -93,95 +90,6 @@ KERNELS_IN_USE = {
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
 
-# SGLang names this worker uses without wrapping a caller (checked to exist).
-_SGLANG_NAMES = (
-    (eagle_worker_v2, "organize_draft_results"),  # draft check mode
-    (eagle_utils, "eagle_sample"),  # our eagle_sample's greedy path
-    (eagle_utils, "_verify_coins"),  # our eagle_sample's coins
-    (eagle_utils, "get_draft_recurrent_hidden_state_spec"),  # steps 0: the stubs of a skipped draft extend
-    (AdaptiveController, "_activate"),  # the adaptive cycle test knob (config.ADAPTIVE_CYCLE_ENV)
-)
-
-
-CALL_SITES = (
-    # (owner, method, module, name): SGLang's ``owner.method`` must reach ``module.name`` (a global it looks up, which
-    # we rebind while it runs; it must exist) or, with ``module`` None, the method ``name`` (which we override).
-    (EAGLEWorkerV2, "__init__", eagle_worker_v2, "EagleDraftWorker"),
-    (EAGLEWorkerV2, "alloc_memory_pool", None, "alloc_memory_pool"),
-    (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
-    (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
-    (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
-    (EAGLEWorkerV2, "forward_batch_generation", None, "_draft_extend_for_decode"),
-    (EAGLEWorkerV2, "build_adaptive_runtime_state", None, "_get_attention_backend"),
-    # the cost-aware adaptive policy stands in for SGLang's params object (sgl_eagle_triton.adaptive)
-    (AdaptiveController, "activate_step_by_batch", None, "get_steps_for_batch"),
-    (AdaptiveController, "on_verify_complete", None, "on_verify_complete"),
-    (AdaptiveController, "init_states", None, "cuda_graph_bs_for_step"),
-    (EagleDraftWorker, "draft", None, "draft_forward"),
-    (eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner, "capture_one_shape", None, "draft_forward"),
-    (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
-    (EAGLEWorkerV2, "verify", eagle_worker_common, "eagle_sample"),
-    (eagle_utils, "eagle_sample", eagle_utils, "verify_tree_greedy_func"),
-)
-
-
-def _names(code: types.CodeType):
-    """``("global" | "attr", name)`` of every global and attribute lookup in ``code`` and its nested functions."""
-    for ins in dis.get_instructions(code):
-        if ins.opname == "LOAD_GLOBAL":
-            yield "global", ins.argval
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-            yield "attr", ins.argval
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _names(const)
-
-
-def reaches(caller, module, name: str, hops: int = 2) -> bool:
-    """Whether ``caller``, or an SGLang function it calls by global name (up to ``hops`` calls deep), looks up
-    ``name``: as a global of ``module`` (so that rebinding ``module.name`` takes effect), or as an attribute
-    when ``module`` is None."""
-    todo, seen = [(inspect.unwrap(caller), hops)], set()
-    while todo:
-        fn, left = todo.pop()
-        if fn in seen or not inspect.isfunction(fn):
-            continue
-        seen.add(fn)
-        names = set(_names(fn.__code__))
-        if module is None and ("attr", name) in names:
-            return True
-        if module is not None and fn.__globals__ is vars(module) and ("global", name) in names:
-            return True
-        if left:
-            for kind, n in names:
-                callee = fn.__globals__.get(n) if kind == "global" else None
-                if inspect.isfunction(callee) and callee.__module__.startswith("sglang"):
-                    todo.append((inspect.unwrap(callee), left - 1))
-    return False
-
-
-def check_call_sites() -> None:
-    """Refuse to start (RuntimeError naming each broken call site and this SGLang's version) unless every SGLang
-    method we wrap still reaches what we swap in (:data:`CALL_SITES`): otherwise stock kernels would run under a
-    "triton" banner."""
-    problems = [f"{module.__name__}.{name} (missing)" for module, name in _SGLANG_NAMES if not hasattr(module, name)]
-    for owner, attr, module, name in CALL_SITES:
-        if module is not None and not hasattr(module, name):
-            problems.append(f"{module.__name__}.{name} (missing)")
-        elif not reaches(getattr(owner, attr), module, name):
-            target = f"{module.__name__}.{name}" if module is not None else f"the method {name}"
-            where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
-            problems.append(f"{where}.{attr} no longer reaches {target}")
-    if problems:
-        raise RuntimeError(
-            f"{ALGORITHM_NAME} (sgl-eagle-triton {__version__}) cannot run on SGLang {sglang.__version__}: "
-            + "; ".join(problems)
-            + ". Its Triton kernels enter SGLang's EAGLE worker through these call sites, so stock kernels would "
-            f"run instead. sgl-eagle-triton is tested on SGLang {', '.join(config.TESTED_SGLANG_VERSIONS)} (the "
-            f"versions its GPU suite passed on): pip install 'sglang=={config.TESTED_SGLANG_VERSIONS[-1]}'."
-        )
-
-
 _errors: list[str] = []
 
 
@@ -192,18 +100,6 @@ def _witness(what: str, before: int, when: str) -> None:
                    "path: stock kernels ran)")
         logger.error(message)
         _errors.append(message)
-
-
-@contextmanager
-def _swapped(module, name: str, replacement):
-    """Rebind ``module.name`` (a module's global, or an object's attribute) for the duration of the block; fails
-    loudly if SGLang moved it."""
-    original = getattr(module, name)
-    setattr(module, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 def our_eagle_sample():
@@ -217,8 +113,9 @@ def with_tree_evidence(eagle_sample, evidence: TreeEvidence):
     """``eagle_sample`` (ours, maybe under simulated acceptance) followed by ``evidence.add`` of what it accepted
     (the cost policy over tree candidates)."""
 
-    def sample(verify_input, batch, logits_output, grammar_mask=None):
-        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
+    def sample(verify_input, batch, logits_output, grammar_mask=None, *args, **kwargs):
+        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask, *args,
+                                                          **kwargs)
         if not batch.forward_mode.is_idle():
             evidence.add(accept_index, accept_lens, verify_input)
         return predict, accept_lens, accept_index
@@ -230,7 +127,7 @@ def tensor_parallel(draft_runner) -> TensorParallel | None:
     """The fused drafter's :class:`~sgl_eagle_triton.drafter.TensorParallel` on the draft runner's TP group (SGLang's
     ``GroupCoordinator``: its all-reduce and all-gather, custom all-reduce and CUDA-graph capture included, as the
     draft model's own layers use them), or None on one GPU."""
-    group = getattr(draft_runner, "tp_group", None)
+    group = glue.tp_group(draft_runner)
     if group is None or group.world_size == 1:
         return None
     model = draft_runner.model
@@ -255,7 +152,7 @@ def verify_attention_in_use(backend, model_runner) -> str:
         why = "turned off"
     elif unserved is not None:
         why = unserved
-    elif type(backend) is TritonAttnBackend:
+    elif type(backend) is verify.TritonAttnBackend:
         why = f"the plugin's hook on SGLang {sglang.__version__}'s _build_resolved_backend did not reach it"
         logger.warning("%s: our verify attention did not replace SGLang's: %s", ALGORITHM_NAME, why)
     else:
@@ -278,6 +175,9 @@ def rank_zero_decides(group):
 
 
 _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
+# our functions in place of SGLang's (glue.REBOUND), whose parameters the start-up check matches against SGLang's
+REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verify.eagle_sample,
+                "verify_tree_greedy": verify.verify_tree_greedy_func}
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 
@@ -338,7 +238,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         self._tensor_parallel = tensor_parallel(self.draft_runner)
         if self._tensor_parallel is not None:  # every rank: one object all-gather at start
             layout = shard_layout(self._tensor_parallel, self.draft_runner.model, weights)
-            layouts = self.draft_runner.tp_group.all_gather_object(layout)
+            layouts = glue.tp_group(self.draft_runner).all_gather_object(layout)
             problems = shard_layout_problems(layouts)
             if problems:
                 raise RuntimeError(f"{ALGORITHM_NAME}: the draft's tensor-parallel shards are not laid out as the "
@@ -353,12 +253,12 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     draft_stale = False
     _fill_graphs: RowGraphs | None = None  # steps 0's KV fill, one CUDA graph per batch size (capture_draft_kv)
 
-    def _draft_extend_for_decode(self, batch, batch_result):
+    def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         if self.fill_kv_only and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
             self.fill_draft_kv(batch, batch_result)
             self.draft_stale = True
             return None
-        result = super()._draft_extend_for_decode(batch, batch_result)
+        result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
         if not batch.forward_mode.is_idle():  # an idle batch extends nobody: the running requests keep their state
             self.draft_stale = False
         return result
@@ -375,7 +275,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         # zeros nobody writes to (SGLang indexes, concatenates or copies them into its future map): one set, as many
         # rows as the largest batch so far, viewed per batch
         if self._stubs is None or self._stubs[0].shape[0] < bs:
-            hidden_size, hidden_dtype = eagle_utils.get_draft_recurrent_hidden_state_spec(self.draft_runner)
+            hidden_size, hidden_dtype = glue.draft_recurrent_hidden_state_spec(self.draft_runner)
             device = batch.seq_lens.device
             self._stubs = (
                 torch.zeros(bs, self.topk, dtype=torch.float32, device=device),
@@ -413,10 +313,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             graphs = RowGraphs(self._fill_rows, sizes, pads, **graph_options)
             graphs.capture(example)
         else:
-            from sglang.srt.distributed.parallel_state import graph_capture
-
             pool = torch.cuda.graph_pool_handle()
-            with graph_capture() as context:
+            with glue.graph_capture() as context:
                 graphs = RowGraphs(self._fill_rows, sizes, pads, capturing=lambda g: torch.cuda.graph(
                     g, pool=pool, stream=context.stream))
                 graphs.capture(example)
@@ -461,7 +359,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         whose layout the drafter returns its tree: :func:`sgl_eagle_triton.drafter.in_tree_layout`). One drafter per
         shape, made at first use; a drafter holds no buffers of its own."""
         steps = self.speculative_num_steps
-        topk = config.adaptive_tree(self.server_args, steps)[0] if self.server_args.speculative_adaptive else self.topk
+        topk = config.adaptive_tree(self.server_args, steps)[0] if settings(self.server_args).speculative_adaptive \
+            else self.topk
         shape = (topk, steps, self.speculative_num_draft_tokens)
         drafter = self._drafters.get(shape)
         if drafter is None:
@@ -495,13 +394,13 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     def _check_against_sglang(self, check_file, forward_batch, tree):
         """Draft check mode (:mod:`sgl_eagle_triton.draft_check`): SGLang's own draft of the same batch."""
         captured = []
-        organize = eagle_worker_v2.organize_draft_results
+        organize = glue.organize_draft_results()
 
         def capturing(score_list, *args):
             captured.append(torch.cat(score_list, dim=1).flatten(1))
             return organize(score_list, *args)
 
-        with _swapped(eagle_worker_v2, "organize_draft_results", capturing):
+        with glue.swapped_organize_draft_results(capturing):
             stock = super().draft_forward(forward_batch)
         draft_check.record(check_file, tree, stock, captured[0] if captured else None, self.topk)
 
@@ -510,7 +409,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     def draft(self, batch, *args, **kwargs):
         check = not self._first_draft_checked and not batch.forward_mode.is_idle()
         before = RAN[BUILD_TREE]
-        with _swapped(eagle_worker_common, "build_tree_kernel_efficient", _build_tree):
+        with glue.swapped_build_tree(_build_tree):
             result = super().draft(batch, *args, **kwargs)
         if check:  # our draft forward ran eagerly or was captured in the draft graph being replayed
             self._first_draft_checked = True
@@ -523,13 +422,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
     def __init__(self, *args, **kwargs):
-        check_call_sites()
+        glue.check_glue(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2))
         self._verify_checks_left = {VERIFY_GREEDY, VERIFY_SAMPLING}
         self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
         self._cycle_position = 0
         self.cost_policy, self._policy_checked = None, False
         self._eagle_sample = our_eagle_sample()
-        with _swapped(eagle_worker_v2, "EagleDraftWorker", TritonEagleDraftWorker):
+        with glue.swapped_draft_worker_class(TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
         logger.info(
             "%s (%s draft, steps=%d topk=%d draft_tokens=%d): %s",
@@ -562,7 +461,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             self._eagle_sample = with_tree_evidence(self._eagle_sample, evidence)
         runner = getattr(getattr(self, "draft_worker", None), "draft_runner", None)
         return CostAwarePolicy(candidates, self.speculative_num_steps, trees=trees, evidence=evidence,
-                               agree=rank_zero_decides(getattr(runner, "tp_group", None)))
+                               agree=rank_zero_decides(None if runner is None else glue.tp_group(runner)))
 
     def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
         """SGLang's runtime state of one adaptive candidate; steps 0's target attention verifies its one node per
@@ -572,19 +471,14 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         state's width: SGLang 0.5.17 takes the server args' (the initial state's) draft tokens, so a wider state's
         capture ran its query layout over narrower buffers and its extend then never replayed (eager)."""
         n = config.adaptive_tree(self.server_args, speculative_num_steps)[1]
-        resolve = draft_extend_graph_runner.resolve_num_tokens_per_req
-
-        def state_width(phase, *args, **kwargs):  # SGLang reads the draft extend's width from the server args
-            return n if phase == "draft_extend" else resolve(phase, *args, **kwargs)
-
         runner = self._target_worker.model_runner
         make_backend = runner._get_attention_backend
-        with _swapped(draft_extend_graph_runner, "resolve_num_tokens_per_req", state_width):
+        with glue.swapped_draft_extend_width(n):
             if speculative_num_steps != 0:
                 state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
             else:
-                with _swapped(runner, "_get_attention_backend",
-                              lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
+                with glue.swapped(runner, "_get_attention_backend",
+                                  lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
                     state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
         width = getattr(getattr(state, "cuda_graph_runner_for_draft_extend", None), "captured_req_width", n)
         if width != n:
@@ -637,7 +531,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         are not yet proven lossless end to end there; ``--tp`` servers are GPU-bound, where the graphs save little)."""
         controller = self.adaptive_controller
         sizes = verify_graph_sizes(None if controller is None else controller._states.get(0))
-        if not sizes or self.server_args.disable_cuda_graph:
+        if not sizes or settings(self.server_args).disable_cuda_graph:
             return
         if self.draft_worker._tensor_parallel is not None:
             logger.info("%s: steps 0's draft KV fill runs eagerly under tensor parallelism", ALGORITHM_NAME)
@@ -686,10 +580,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if self._verify_checks_left and not batch.forward_mode.is_idle():
             expected = VERIFY_GREEDY if batch.sampling_info.is_all_greedy else VERIFY_SAMPLING
         before = RAN[expected] if expected in self._verify_checks_left else None
-        with (
-            _swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func),
-            _swapped(eagle_worker_common, "eagle_sample", self._eagle_sample),
-        ):
+        with glue.swapped_verify(verify.verify_tree_greedy_func, self._eagle_sample):
             result = super().verify(batch, *args, **kwargs)
         if before is not None:
             self._verify_checks_left.discard(expected)

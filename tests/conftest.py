@@ -52,15 +52,33 @@ def device() -> str:
 
 @pytest.fixture
 def eagle_triton_args(monkeypatch):
-    """``prepare_server_args`` with EAGLE_TRITON registered and its device check widened to the CPU;
-    the draft kind that server-arg handling exports is cleared before and after the test."""
+    """Server args from a command line, resolved as SGLang's launcher resolves them, with EAGLE_TRITON registered and
+    its device check widened to the CPU (:class:`tests.sglang_compat.Args`: read as SGLang's processes read them;
+    ``.record`` is SGLang's object); what server-arg handling exports is cleared before and after the test."""
     from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
 
     from sgl_eagle_triton import config
+    from tests.sglang_compat import resolved
 
     load_plugins()
     monkeypatch.setattr(config, "SUPPORTED_DEVICES", ("cuda", "cpu"))
     monkeypatch.delenv(config.DRAFT_KIND_ENV, raising=False)
-    yield lambda argv: prepare_server_args([*argv, "--device", "cuda" if HAS_CUDA else "cpu"])
+    monkeypatch.delenv(config.ADAPTIVE_TREES_ENV, raising=False)
+    yield lambda argv: resolved([*argv, "--device", "cuda" if HAS_CUDA else "cpu"])
     os.environ.pop(config.DRAFT_KIND_ENV, None)
+    os.environ.pop(config.ADAPTIVE_TREES_ENV, None)
+
+
+@pytest.fixture
+def published_server(eagle_triton_args):
+    """An EAGLE_TRITON server's settings (the trained pair, 3 / 1 / 4) published in this process as a scheduler's:
+    what SGLang's own functions read from 0.5.18 on (``runtime_context.get_spec()``)."""
+    from tests.sglang_compat import published
+    from tests.tiny_models import TRAINED_PAIR
+
+    args = eagle_triton_args(["--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm",
+                              "EAGLE_TRITON", "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"),
+                              "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                              "--speculative-num-draft-tokens", "4"])
+    with published(args.record):
+        yield args

@@ -488,17 +488,18 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
         w.init_cuda_graphs()
 
 
-def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device):
+def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device, monkeypatch):
     """topk > 1: the worker's cost policy predicts each candidate's tree, and its eagle_sample adds what each verify
     accepted to the policy's device counts (chains: SGLang's accept counts alone, eagle_sample untouched)."""
     import torch
 
-    from sgl_eagle_triton import config, verify
+    from sgl_eagle_triton import verify
+    from tests.sglang_compat import adaptive_trees
 
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w.adaptive_controller = SimpleNamespace(params=SimpleNamespace(candidate_steps=[0, 1, 3]))
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
-    vars(w.server_args)[config.RESOLVED_TREES_ATTR] = {0: (4, 1), 1: (4, 2), 3: (4, 6)}
+    adaptive_trees(monkeypatch, {0: (4, 1), 1: (4, 2), 3: (4, 6)})
     w.topk, w.speculative_num_steps, w.device, w._eagle_sample = 4, 3, device, verify.eagle_sample
     accepted = (torch.zeros(1, dtype=torch.int32, device=device), torch.tensor([2], dtype=torch.int32, device=device),
                 torch.tensor([[0, 1, -1, -1]], dtype=torch.int32, device=device))

@@ -12,6 +12,7 @@ from sgl_eagle_triton import simulated_acceptance, verify, worker
 from sgl_eagle_triton.adaptive import CostAwarePolicy, TreeEvidence
 from sgl_eagle_triton.kernels import simulated_walk, target_probs, tree_evidence, tree_sampling, verify_greedy
 from tests import tree_cases
+from tests.sglang_compat import adaptive_trees
 
 # (draft tokens n, steps): steps 0's one node, a chain of odd n (its rows' alignment follows the batch's parity), a
 # chain, trees of 16 and 32 nodes (Triton compiles an integer argument apart when it is 1 or a multiple of 16:
@@ -137,7 +138,7 @@ def test_the_worker_compiles_every_states_shape_before_serving(monkeypatch):
     calls.clear()
     w.adaptive_controller = SimpleNamespace(candidate_steps=[0, 1, 3, 5])
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)
-    setattr(w.server_args, worker.config.RESOLVED_TREES_ATTR, {1: (4, 2), 3: (1, 4), 5: (4, 16)})
+    adaptive_trees(monkeypatch, {1: (4, 2), 3: (1, 4), 5: (4, 16)})
     w.cost_policy = CostAwarePolicy([0, 1, 3, 5], 3)
     w.cost_policy.evidence = SimpleNamespace(compile=lambda shapes: calls.append(("evidence", sorted(shapes))))
     w.compile_eager_kernels()

@@ -66,11 +66,11 @@ def test_reserved_tokens_match_sglang(eagle_triton_args):
         "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"), "--speculative-num-steps", str(steps),
         "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n),
     ])
-    assert compute_num_reserved_tokens(args) == reserved_tokens(*SPEC_TREE)
+    assert compute_num_reserved_tokens(args.record) == reserved_tokens(*SPEC_TREE)
     adaptive = eagle_triton_args([
         "--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm", "EAGLE_TRITON",
         "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"), "--speculative-adaptive"])
-    assert compute_num_reserved_tokens(adaptive) == ADAPTIVE_RESERVED
+    assert compute_num_reserved_tokens(adaptive.record) == ADAPTIVE_RESERVED
 
 
 def test_the_adaptive_mix_is_built_for_its_reservation():

@@ -14,11 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.plugins import load_plugins
-from sglang.srt.server_args import prepare_server_args
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sgl_eagle_triton import config, plugin
 from sgl_eagle_triton.config import EagleTritonConfigError
+from sgl_eagle_triton.glue.args import Overlay
+from sgl_eagle_triton.glue.hooks import HOOKS
+from tests.sglang_compat import alloc_reserve, check_rows, published, req_to_token_extra, resolved
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
 TARGET, EAGLE3_DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
@@ -29,6 +31,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _loaded(monkeypatch):
     load_plugins()
     monkeypatch.delenv(config.DRAFT_KIND_ENV, raising=False)
+    monkeypatch.delenv(config.ADAPTIVE_TREES_ENV, raising=False)
     monkeypatch.setattr(config, "SUPPORTED_DEVICES", ("cuda", "cpu"))
 
 
@@ -37,8 +40,22 @@ def eagle1_pair(tmp_path_factory):
     return write_random_eagle1_pair(tmp_path_factory.mktemp("eagle1"))
 
 
+def _kv_dtype_choices() -> list[str]:
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return next(a.choices for a in parser._actions if "--kv-cache-dtype" in a.option_strings)
+
+
+# a KV cache dtype SGLang offers that the draft attention does not read (0.5.23 dropped fp4_e2m1)
+UNREAD_KV_DTYPE = next(d for d in ("fp4_e2m1", "mxfp8", "nvfp4") if d in _kv_dtype_choices())
+
+
 def _args(*extra, draft=EAGLE3_DRAFT, target=TARGET):
-    return prepare_server_args(
+    return resolved(
         ["--model-path", target, "--device", DEVICE, "--speculative-algorithm", "EAGLE_TRITON"]
         + (["--speculative-draft-model-path", draft] if draft else [])
         + list(extra)
@@ -65,33 +82,27 @@ def test_req_to_token_rows_hold_the_draft_reservation():
     """SGLang 0.5.17 sizes rows context + 4 + draft tokens at page size 1 while reserving
     2 * max(topk * steps, draft tokens) per decode (here 12 < 40): near the context limit the reservation
     spilled into the next row and leaked. Our hook widens EAGLE_TRITON's rows, and only EAGLE_TRITON's."""
-    from sglang.srt.mem_cache import kv_cache_configurator
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
     ours = _args()
-    assert ours.page_size == 1 and get_alloc_reserve_per_decode(ours) == 40
-    assert kv_cache_configurator.get_req_to_token_extra_context_len(ours) == 40  # stock: 4 + 8
-    stock = prepare_server_args(["--model-path", TARGET, "--device", DEVICE, "--speculative-algorithm", "EAGLE3",
-                                 "--speculative-draft-model-path", EAGLE3_DRAFT])
-    assert kv_cache_configurator.get_req_to_token_extra_context_len(stock) == 4 + stock.speculative_num_draft_tokens
+    assert ours.page_size == 1 and alloc_reserve(ours.record) == 40
+    assert req_to_token_extra(ours.record) == 40  # stock: 4 + 8
+    stock = resolved(["--model-path", TARGET, "--device", DEVICE, "--speculative-algorithm", "EAGLE3",
+                      "--speculative-draft-model-path", EAGLE3_DRAFT])
+    assert req_to_token_extra(stock.record) == 4 + stock.speculative_num_draft_tokens
 
 
 @pytest.mark.parametrize("tree", ["5,4,8", "7,1,8", "3,4,16", "3,1,4", "8,8,64"])
 def test_req_to_token_rows_fit_every_tree_shape(tree):
     """A request decodes with a committed length up to the context; its reservation must stay in its row."""
-    from sglang.srt.mem_cache import kv_cache_configurator
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
     steps, topk, n = tree.split(",")
     sa = _args("--speculative-num-steps", steps, "--speculative-eagle-topk", topk, "--speculative-num-draft-tokens", n)
     context = 1024
-    row = context + kv_cache_configurator.get_req_to_token_extra_context_len(sa)
-    assert context + get_alloc_reserve_per_decode(sa) <= row
-    config.check_req_to_token_rows(row, context, sa)
+    row = context + req_to_token_extra(sa.record)
+    assert context + alloc_reserve(sa.record) <= row
+    check_rows(row, context, sa)
     stock_row = context + 4 + sa.speculative_num_draft_tokens
-    if get_alloc_reserve_per_decode(sa) > stock_row - context:  # all but 3,1,4 (8 <= 4 + 4)
+    if alloc_reserve(sa.record) > stock_row - context:  # all but 3,1,4 (8 <= 4 + 4)
         with pytest.raises(RuntimeError, match="req_to_token rows hold"):
-            config.check_req_to_token_rows(stock_row, context, sa)
+            check_rows(stock_row, context, sa)
 
 
 @pytest.mark.parametrize("kind", [config.EAGLE3, config.EAGLE])
@@ -134,17 +145,14 @@ def test_eagle1_draft_is_detected(eagle1_pair):
 def test_paged_kv_cache_accepted(page, tree):
     """Page sizes > 1, topk 1 and (on a backend SGLang runs it on) topk > 1: the rows hold the page-aligned
     reservation SGLang makes for them."""
-    from sglang.srt.mem_cache import kv_cache_configurator
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
     steps, topk, n = tree.split(",")
     sa = _args("--page-size", str(page), "--attention-backend", "triton", "--speculative-num-steps", steps,
                "--speculative-eagle-topk", topk, "--speculative-num-draft-tokens", n)
     assert sa.page_size == page and sa.speculative_eagle_topk == int(topk)
     context = 1024
-    row = context + kv_cache_configurator.get_req_to_token_extra_context_len(sa)
-    assert context + get_alloc_reserve_per_decode(sa) <= row
-    config.check_req_to_token_rows(row, context, sa)
+    row = context + req_to_token_extra(sa.record)
+    assert context + alloc_reserve(sa.record) <= row
+    check_rows(row, context, sa)
 
 
 def test_topk1_forces_chain_length():
@@ -206,7 +214,6 @@ def _unsupported_draft(tmp_path):
         (["--tp", "2", "--dcp-size", "2"], "context parallelism (--dcp-size 2"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "LoRA adapters"),
         (["--enable-fp32-lm-head"], "--enable-fp32-lm-head"),
-        (["--kv-cache-dtype", "fp4_e2m1"], "--kv-cache-dtype fp4_e2m1"),
         (["--dtype", "float32"], "--dtype float32 with a float32 draft"),
         (["--dtype", "float16", "--kv-cache-dtype", "bf16"], "--kv-cache-dtype bf16 with a float16 model"),
         (["--disaggregation-mode", "decode"], "prefill/decode disaggregation"),
@@ -215,6 +222,14 @@ def _unsupported_draft(tmp_path):
 def test_refused_at_start(extra, message):
     with pytest.raises(EagleTritonConfigError, match=re.escape(message)):
         _args(*extra)
+
+
+def test_a_kv_cache_dtype_the_draft_attention_does_not_read_is_refused_at_start():
+    """By us, or by SGLang before us (0.5.23's mxfp8 needs a Blackwell GPU): either way the server never starts."""
+    with pytest.raises(ValueError, match=re.escape(f"--kv-cache-dtype {UNREAD_KV_DTYPE}")):
+        _args("--kv-cache-dtype", UNREAD_KV_DTYPE)
+    with pytest.raises(EagleTritonConfigError, match="--kv-cache-dtype fp4_e2m1 yet"):
+        config._validate(Overlay(_args().record, kv_cache_dtype="fp4_e2m1"))
 
 
 def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypatch, eagle1_pair):
@@ -238,8 +253,12 @@ def test_tensor_parallelism_beyond_the_gpu_tested_is_an_explicit_trial(monkeypat
     assert _args("--tp", "2").tp_size == 2
     with pytest.raises(EagleTritonConfigError, match=re.escape("--speculative-token-map with --tp 2")):
         _args("--tp", "2", "--speculative-token-map", "map.pt")
-    with pytest.raises(EagleTritonConfigError, match=re.escape("--enable-symm-mem with --tp 2")):
-        _args("--tp", "2", "--enable-symm-mem")
+    try:
+        sa = _args("--tp", "2", "--enable-symm-mem")
+    except EagleTritonConfigError as refusal:
+        assert "--enable-symm-mem with --tp 2" in str(refusal)
+    else:  # SGLang 0.5.20+ turns it off itself on a device without symmetric memory (this CPU) before our check
+        assert DEVICE == "cpu" and not sa.enable_symm_mem
     # the trained pair's draft: 4 attention heads, 2 KV heads, 512 MLP columns
     assert _args("--tp", "4").tp_size == 4  # KV heads replicated, two ranks each
     with pytest.raises(EagleTritonConfigError, match=re.escape("--tp 3 with a draft of 4 attention heads")):
@@ -285,7 +304,7 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     assert sa.max_speculative_num_draft_tokens == 5 * 8  # 5 levels of 8 candidates each get KV slots
     assert [config.adaptive_tree(sa, s) for s in (0, 1, 3, 5)] == [(8, 1), (8, 2), (8, 8), (8, 32)]
     cfg.rename(tmp_path / "gone.json")  # read once at start: the server args carry them to every process
-    assert [config.adaptive_tree(pickle.loads(pickle.dumps(sa)), s)[1] for s in (1, 3, 5)] == [2, 8, 32]
+    assert [config.adaptive_tree(pickle.loads(pickle.dumps(sa.record)), s)[1] for s in (1, 3, 5)] == [2, 8, 32]
     (tmp_path / "gone.json").rename(cfg)
     assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
     assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
@@ -331,15 +350,18 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_candidate():
 
     def runner(sa, draft=False):
         r = ModelRunner.__new__(ModelRunner)
-        r.server_args, r.is_draft_worker = sa, draft
+        r.server_args, r.is_draft_worker = sa.record, draft
         r.decode_num_tokens_per_req = lambda **kwargs: sa.speculative_num_draft_tokens
         return r
 
     adaptive = _args("--speculative-adaptive")
-    assert config.shared_logits_rows(16 * 4, runner(adaptive)) == 16 * 8
-    assert config.shared_logits_rows(16 * 4, runner(adaptive, draft=True)) == 16 * 4
-    assert config.shared_logits_rows(16 * 8, runner(_args())) == 16 * 8
-    hooks = HookRegistry._hooks[config.SHARED_LOGITS_ROWS_TARGET]
+    with published(adaptive.record):
+        assert config.shared_logits_rows(16 * 4, runner(adaptive)) == 16 * 8
+        assert config.shared_logits_rows(16 * 4, runner(adaptive, draft=True)) == 16 * 4
+    ours = _args()
+    with published(ours.record):
+        assert config.shared_logits_rows(16 * 8, runner(ours)) == 16 * 8
+    hooks = HookRegistry._hooks[HOOKS["shared_logits_rows"].target]
     assert any(hook is config.shared_logits_rows for _, hook, _ in hooks)
 
 
@@ -541,14 +563,14 @@ def test_the_verify_attention_hook_swaps_only_an_eagle_triton_targets_backend(mo
 
 
 def test_every_attention_backend_sglang_builds_passes_the_verify_attention_hook():
-    """SGLang 0.5.17 builds the model runner's backend (start-up) and each adaptive state's through
+    """SGLang builds the model runner's backend (start-up) and each adaptive state's through
     ``_build_resolved_backend``, the hooked function: were that to change, the trial would not reach the target
     (the worker then refuses to start: test_worker)."""
     import importlib
 
-    from sgl_eagle_triton.worker import reaches
+    from sgl_eagle_triton.glue.call_sites import reaches
 
-    module_path, name = plugin.VERIFY_BACKEND_TARGET.rsplit(".", 1)
+    module_path, name = HOOKS["verify_attention_backend"].target.rsplit(".", 1)
     module = importlib.import_module(module_path)
     assert callable(getattr(module, name))
     assert reaches(module.build_attention_backends, module, name)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sgl_eagle_triton import simulated_acceptance
+from sgl_eagle_triton.glue.call_sites import swapped
 from sgl_eagle_triton.kernels.simulated_walk import simulated_walk
 from sgl_eagle_triton.reference.simulated_walk import simulated_walk as simulated_walk_ref
 from tests import fake_sglang
@@ -138,7 +139,7 @@ def test_eagle_sample_is_replaced_for_ours_and_wrapped_for_stock(device, monkeyp
     logits = SimpleNamespace(next_token_logits=torch.randn(bs * n, 50, device=device))
     ours = worker.our_eagle_sample()
     assert ours.sgl_eagle_triton_simulated and ours.__wrapped__ is verify.eagle_sample
-    with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
+    with swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
         predict, accept_lens, accept_index = ours(verify_input, batch, logits)
     # the simulated walk's outputs: the bonus token at each request's last accepted position
     last = accept_index.gather(1, (accept_lens - 1).long().view(bs, 1)).view(bs).long()

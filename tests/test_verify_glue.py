@@ -7,7 +7,8 @@ import pytest
 import torch
 from sglang.srt.speculative import eagle_utils
 
-from sgl_eagle_triton import verify, worker
+from sgl_eagle_triton import verify
+from sgl_eagle_triton.glue.call_sites import swapped
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
 from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
@@ -61,6 +62,7 @@ def test_greedy_wrapper_takes_sglang_keywords_and_returns_its_outputs(device):
     assert all(torch.equal(o, e) for o, e in zip(ours, expected, strict=True))
 
 
+@pytest.mark.usefixtures("published_server")  # SGLang's greedy eagle_sample reads the published settings (0.5.18+)
 @pytest.mark.parametrize("follow", [False, True])
 def test_eagle_sample_greedy_batch_runs_our_greedy_kernel(device, follow):
     verify_input, logits = case(1, device)
@@ -72,7 +74,7 @@ def test_eagle_sample_greedy_batch_runs_our_greedy_kernel(device, follow):
                            verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
                            logits.argmax(-1).view(BS, N))
     before = verify.RAN[verify.VERIFY_GREEDY]
-    with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
+    with swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
         predict, accept_lens, accept_index = verify.eagle_sample(
             verify_input, batch(fake_sglang.sampling_info(BS, greedy=True, device=device), device),
             SimpleNamespace(next_token_logits=logits))
@@ -154,6 +156,7 @@ def test_sampled_verification_is_rank_0s_on_every_tp_rank(device, fixed_coins, m
     assert (predict == 5).all() and (accept_index == 0).all() and (accept_lens == 1).all()
 
 
+@pytest.mark.usefixtures("published_server")
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("mode, length", [("fixed", 2), ("fixed", 3), ("real-draft-token", 2)])
 def test_simulated_acceptance_as_sglang_applies_it(device, fixed_coins, monkeypatch, greedy, mode, length):
@@ -169,7 +172,7 @@ def test_simulated_acceptance_as_sglang_applies_it(device, fixed_coins, monkeypa
     verify_input, logits = case(3, device)
     verify_input.tree_topk = 1  # real draft tokens need a chain; the walk itself does not care
     info = fake_sglang.sampling_info(BS, greedy=greedy, temperature=0.7, device=device)
-    with worker._swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
+    with swapped(eagle_utils, "verify_tree_greedy_func", verify.verify_tree_greedy_func):
         predict, accept_lens, accept_index = verify.eagle_sample(verify_input, batch(info, device),
                                                                  SimpleNamespace(next_token_logits=logits))
     assert (accept_lens == length).all()

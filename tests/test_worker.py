@@ -2,9 +2,7 @@
 check that our kernels ran, the ``/server_info`` report, ``draft_forward``'s contract, the ``alloc_memory_pool``
 binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tests/fake_sglang.py)."""
 
-import functools
 import logging
-import re
 from collections import Counter
 from types import SimpleNamespace
 
@@ -16,9 +14,11 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sgl_eagle_triton import config, plugin, verify, worker
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
+from sgl_eagle_triton.glue.hooks import HOOKS
 from sgl_eagle_triton.testing import random_batch, random_draft
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
+from tests.sglang_compat import adaptive_trees, published
 from tests.tiny_models import TRAINED_PAIR
 
 
@@ -31,55 +31,6 @@ def fresh_counts(monkeypatch):
     yield verify.RAN
     verify.RAN.clear()
     verify.RAN.update(saved)
-
-
-# --- start-up: SGLang's methods still reach what we swap in -----------------------------------------------------
-
-
-def test_installed_sglang_reaches_every_call_site():
-    assert config.TESTED_SGLANG_VERSIONS[-1] == sglang.__version__
-    worker.check_call_sites()
-    assert all(worker.reaches(getattr(owner, attr), module, name) for owner, attr, module, name in worker.CALL_SITES)
-
-
-def _stock_verify_that_moved_its_sampling(self, batch, grammar_barrier=None):
-    return eagle_utils.eagle_sample(None, batch, None)  # no longer through eagle_worker_common.eagle_sample
-
-
-def _draft_forward_renamed(self, batch):
-    return self.draft_forward_v3(batch)
-
-
-@pytest.mark.parametrize("owner, method, replacement, named", [
-    (EAGLEWorkerV2, "verify", _stock_verify_that_moved_its_sampling, "eagle_worker_common.eagle_sample"),
-    (EagleDraftWorker, "draft", _draft_forward_renamed, "the method draft_forward"),
-])
-def test_a_moved_call_site_refuses_to_start(monkeypatch, owner, method, replacement, named):
-    monkeypatch.setattr(owner, method, replacement)
-    with pytest.raises(RuntimeError) as err:
-        EagleTritonWorkerV2()  # the check runs before anything else is built
-    message = str(err.value)
-    assert named in message and f"SGLang {sglang.__version__}" in message
-    assert re.search(rf"{owner.__module__}\.{owner.__qualname__}\.{method} no longer reaches [\w.]*{named}", message)
-    assert "tested on SGLang 0.5.17" in message and "pip install 'sglang==0.5.17'" in message
-
-
-def test_a_wrapped_method_that_still_calls_through_passes(monkeypatch):
-    original = EAGLEWorkerV2.verify
-
-    @functools.wraps(original)
-    def timed(self, *args, **kwargs):  # e.g. another plugin's AROUND hook
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(EAGLEWorkerV2, "verify", timed)
-    worker.check_call_sites()
-
-
-@pytest.mark.parametrize("module, name", [(eagle_utils, "_verify_coins"), (eagle_worker_common, "eagle_sample")])
-def test_a_missing_name_refuses_to_start(monkeypatch, module, name):
-    monkeypatch.delattr(module, name)
-    with pytest.raises(RuntimeError, match=rf"{module.__name__.split('.')[-1]}\.{name} \(missing\)"):
-        worker.check_call_sites()
 
 
 # --- after the first step: the kernel that should have run did -----------------------------------------------------
@@ -281,8 +232,9 @@ def test_server_info_hook_is_applied():
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     load_plugins()
-    assert any(hook is plugin.report_kernels for _, hook, _ in HookRegistry._hooks[plugin.INTERNAL_STATE_TARGET])
-    assert plugin.INTERNAL_STATE_TARGET in HookRegistry._patched
+    target = HOOKS["report_kernels"].target
+    assert any(hook is plugin.report_kernels for _, hook, _ in HookRegistry._hooks[target])
+    assert target in HookRegistry._patched
     assert Scheduler.get_internal_state.__wrapped__.__qualname__ == "Scheduler.get_internal_state"
 
 
@@ -341,9 +293,10 @@ def pool_worker(monkeypatch, eagle_triton_args):
                                       token_to_kv_pool=SimpleNamespace(get_key_buffer=buffers["k"].__getitem__,
                                                                        get_value_buffer=buffers["v"].__getitem__))
     dw.target_worker = SimpleNamespace(model_config=SimpleNamespace(context_len=context))
-    dw.server_args, dw.hot_token_id = sa, w.token_map
+    dw.server_args, dw.hot_token_id = sa.record, w.token_map
     dw.topk, dw.speculative_num_steps, dw.speculative_num_draft_tokens = 4, 5, 8
-    return dw, w, pools
+    with published(sa.record):  # what the scheduler's worker reads its reservation from (0.5.18+)
+        yield dw, w, pools
 
 
 def test_alloc_memory_pool_binds_the_drafter_to_sglangs_pools(pool_worker):
@@ -384,7 +337,7 @@ def test_draft_forward_runs_the_shape_in_force(fresh_counts, device):
         assert torch.equal(forward_batch.positions, batch["positions"] + steps - 1)
 
 
-def test_an_adaptive_state_narrower_than_the_server_drafts_at_its_own_topk(fresh_counts, device):
+def test_an_adaptive_state_narrower_than_the_server_drafts_at_its_own_topk(fresh_counts, device, monkeypatch):
     """Adaptive candidates (steps 1, topk 1) and (steps 2, topk 2) in a topk-TOPK server: each state's drafter runs at
     its own topk and returns its tree in the server's layout (tests/test_tree_layout.py); a full-width state as
     before."""
@@ -393,7 +346,7 @@ def test_an_adaptive_state_narrower_than_the_server_drafts_at_its_own_topk(fresh
     spec_info = SimpleNamespace(topk_p=batch["topk_p"], topk_index=batch["topk_index"], hidden_states=batch["hidden"])
     dw = _bound_draft_worker(w, batch)
     dw.server_args = SimpleNamespace(speculative_adaptive=True, speculative_eagle_topk=TOPK)
-    vars(dw.server_args)[config.RESOLVED_TREES_ATTR] = {0: (TOPK, 1), 1: (1, 2), 2: (2, 4), 3: (TOPK, 8)}
+    adaptive_trees(monkeypatch, {0: (TOPK, 1), 1: (1, 2), 2: (2, 4), 3: (TOPK, 8)})
     for steps, n, k in ((1, 2, 1), (2, 4, 2), (3, 8, TOPK)):
         dw.speculative_num_steps, dw.speculative_num_draft_tokens = steps, n
         forward_batch = SimpleNamespace(spec_info=spec_info, positions=batch["positions"].clone(),
@@ -741,7 +694,7 @@ def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch)
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
     w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
-    vars(w.server_args)[config.RESOLVED_TREES_ATTR] = {0: (4, 1), 1: (4, 2), 3: (4, 12)}
+    adaptive_trees(monkeypatch, {0: (4, 1), 1: (4, 2), 3: (4, 12)})
     for steps in (0, 1, 3):
         w.build_adaptive_runtime_state(steps, steps + 1)
     assert built == [(0, 1), (1, 2), (3, 12)]
@@ -749,14 +702,21 @@ def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch)
 
 def test_each_adaptive_state_captures_its_draft_extend_at_its_own_width(monkeypatch):
     """SGLang 0.5.17's draft-extend graph runner takes its width from the server args (the initial state's draft
-    tokens); while a state is built it gets the state's, and a state captured at another width is refused."""
+    tokens): while a state is built it gets the state's. From 0.5.18 SGLang reads each state's own (no server args,
+    nothing rebound). Either way a state captured at another width is refused."""
+    import inspect
+
     from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as runner_module
-    from sglang.srt.speculative import spec_utils
 
     server_args = SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    stock_resolve = runner_module.resolve_num_tokens_per_req
+    reads_server_args = "server_args" in inspect.signature(stock_resolve).parameters
 
     def stock_build(self, steps, n, cuda_graph_bs=None):  # as SGLang's runner constructor reads it
-        width = runner_module.resolve_num_tokens_per_req(phase="draft_extend", server_args=server_args)
+        if reads_server_args:
+            width = runner_module.resolve_num_tokens_per_req(phase="draft_extend", server_args=server_args)
+        else:  # 0.5.18+: the state's own settings, published per state
+            width = n
         return SimpleNamespace(cuda_graph_runner_for_draft_extend=SimpleNamespace(captured_req_width=width))
 
     monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", stock_build)
@@ -765,9 +725,9 @@ def test_each_adaptive_state_captures_its_draft_extend_at_its_own_width(monkeypa
     w.server_args = server_args
     assert w.build_adaptive_runtime_state(7, 8).cuda_graph_runner_for_draft_extend.captured_req_width == 8
     assert w.build_adaptive_runtime_state(1, 2).cuda_graph_runner_for_draft_extend.captured_req_width == 2
-    assert runner_module.resolve_num_tokens_per_req is spec_utils.resolve_num_tokens_per_req  # restored
-    assert runner_module.resolve_num_tokens_per_req(phase="draft_decode", server_args=server_args) == 1
-    monkeypatch.setattr(runner_module, "resolve_num_tokens_per_req", lambda phase, **kwargs: 4)  # SGLang moved on
+    assert runner_module.resolve_num_tokens_per_req is stock_resolve  # restored
+    if reads_server_args:
+        assert runner_module.resolve_num_tokens_per_req(phase="draft_decode", server_args=server_args) == 1
     monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", lambda self, steps, n, cuda_graph_bs=None:
                         SimpleNamespace(cuda_graph_runner_for_draft_extend=SimpleNamespace(captured_req_width=4)))
     with pytest.raises(RuntimeError, match="captured its draft-extend graph 4 tokens wide, not its 8"):
@@ -836,7 +796,7 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
         self.adaptive_controller, self.speculative_num_steps, self.topk = None, 3, 1
         self.speculative_num_draft_tokens = 4
 
-    monkeypatch.setattr(worker, "check_call_sites", lambda: None)  # reads the real constructor's source
+    monkeypatch.setattr(worker.glue, "check_glue", lambda *args: None)  # reads the real constructor's source
     monkeypatch.setattr(eagle_worker_v2.EAGLEWorkerV2, "__init__", sglang_init)
     monkeypatch.setattr(base_spec_worker.BaseSpecWorker, "init_attention_backends",
                         lambda self: setattr(runner, "attn_backend", TritonAttnBackend.__new__(TritonAttnBackend)))

@@ -1,0 +1,314 @@
+"""Where our workers enter SGLang's EAGLE worker, and the start-up check that every entry is still there.
+
+Our kernels run inside SGLang's own methods in three ways, each listed here and nowhere else:
+
+- a module global that SGLang's method looks up at call time is rebound while our worker's method runs
+  (:func:`swapped_build_tree`, :func:`swapped_verify`, :func:`swapped_draft_worker_class`, ...; the rebinding lasts
+  only for that call, so nothing else in the process changes);
+- a method that SGLang calls on ``self`` is overridden by our subclass (:data:`CALL_SITES` with ``module`` None);
+- an instance attribute is replaced (the target runner's attention factory of steps 0, a draft backend's metadata).
+
+:func:`check_glue` proves at start, before anything is built, that (1) every method we wrap still reaches the name
+we rebind or the method we override (read from its bytecode, following SGLang functions it calls up to two deep),
+(2) the SGLang functions we call or replace still take the parameters we pass (:data:`SIGNATURES`: one of the
+known variants), and (3) every replacement and override of ours accepts every parameter SGLang's original takes
+(so a keyword SGLang starts passing, like 0.5.20's ``uno_target_max_top_k``, fails at start, not at the first
+request). Imports SGLang's speculative modules (and Triton): imported by the worker only.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import types
+from contextlib import contextmanager
+
+import sglang
+from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
+from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from sgl_eagle_triton.glue import versions
+
+# SGLang names our code uses without wrapping a caller (checked to exist).
+SGLANG_NAMES = (
+    (eagle_worker_v2, "organize_draft_results"),  # draft check mode
+    (eagle_utils, "eagle_sample"),  # our eagle_sample's greedy path
+    (eagle_utils, "_verify_coins"),  # our eagle_sample's coins
+    (eagle_utils, "get_draft_recurrent_hidden_state_spec"),  # steps 0: the stubs of a skipped draft extend
+    (AdaptiveController, "_activate"),  # the adaptive cycle test knob and the resume step
+)
+
+CALL_SITES = (
+    # (owner, method, module, name): SGLang's ``owner.method`` must reach ``module.name`` (a global it looks up, which
+    # we rebind while it runs; it must exist) or, with ``module`` None, the method ``name`` (which we override).
+    (EAGLEWorkerV2, "__init__", eagle_worker_v2, "EagleDraftWorker"),
+    (EAGLEWorkerV2, "alloc_memory_pool", None, "alloc_memory_pool"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "draft"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "verify"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "_draft_extend_for_decode"),
+    (EAGLEWorkerV2, "build_adaptive_runtime_state", None, "_get_attention_backend"),
+    # the cost-aware adaptive policy stands in for SGLang's params object (sgl_eagle_triton.adaptive)
+    (AdaptiveController, "activate_step_by_batch", None, "get_steps_for_batch"),
+    (AdaptiveController, "on_verify_complete", None, "on_verify_complete"),
+    (AdaptiveController, "init_states", None, "cuda_graph_bs_for_step"),
+    (EagleDraftWorker, "draft", None, "draft_forward"),
+    (eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner, "capture_one_shape", None, "draft_forward"),
+    (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
+    (EAGLEWorkerV2, "verify", eagle_worker_common, "eagle_sample"),
+    (eagle_utils, "eagle_sample", eagle_utils, "verify_tree_greedy_func"),
+)
+
+# What we rebind, by the key the worker names it with: (SGLang module, global)
+REBOUND = {
+    "draft_worker_class": (eagle_worker_v2, "EagleDraftWorker"),
+    "build_tree": (eagle_worker_common, "build_tree_kernel_efficient"),
+    "eagle_sample": (eagle_worker_common, "eagle_sample"),
+    "verify_tree_greedy": (eagle_utils, "verify_tree_greedy_func"),
+    "organize_draft_results": (eagle_worker_v2, "organize_draft_results"),
+}
+
+_GREEDY_VERIFY = ("predicts", "accept_index", "accept_token_num", "candidates", "retrieve_index",
+                  "retrieve_next_token", "retrieve_next_sibling", "target_predict")
+SIGNATURES = (
+    # (owner, name, variants): SGLang's ``owner.name`` takes one of these parameter lists first (``self`` dropped),
+    # any further parameters with defaults. What we call, replace or override with these arguments.
+    (eagle_utils, "eagle_sample", (("verify_input", "batch", "logits_output", "grammar_mask"),)),
+    (eagle_utils, "verify_tree_greedy_func", (_GREEDY_VERIFY,)),
+    (eagle_utils, "_verify_coins", (("sampling_info", "seq_lens", "draft_token_num", "candidates", "device"),)),
+    (eagle_utils, "get_draft_recurrent_hidden_state_spec", (("model_runner",),)),
+    (eagle_worker_common, "build_tree_kernel_efficient",
+     (("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk",
+       "spec_steps", "num_verify_tokens"),)),
+    (eagle_worker_v2, "organize_draft_results", (("score_list", "token_list", "parents_list", "num_draft_token"),)),
+    (EagleDraftWorker, "_draft_extend_for_decode", (("batch", "batch_result"),)),
+    (EagleDraftWorker, "draft_forward", (("forward_batch",),)),
+    (EAGLEWorkerV2, "build_adaptive_runtime_state",
+     (("speculative_num_steps", "speculative_num_draft_tokens", "cuda_graph_bs"),)),
+    (EAGLEWorkerV2, "on_verify_complete_cpu", (("num_correct_drafts_per_req", "batch_size"),)),
+    (EAGLEWorkerV2, "activate_step_by_batch", (("batch_size",),)),
+    (AdaptiveController, "_activate", (("speculative_num_steps",), ("steps",))),
+    # 0.5.17 passes the server args; 0.5.18+ reads the per-state settings itself (swapped_draft_extend_width)
+    (draft_extend_graph_runner, "resolve_num_tokens_per_req", (("phase", "server_args"), ("phase",))),
+)
+
+
+def _parameters(fn) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+def signature_problem(fn, variants) -> str | None:
+    """Why ``fn``'s parameters match none of ``variants`` (each a leading list of names, further ones defaulted)."""
+    params = _parameters(fn)
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for variant in variants:
+        rest = [p for p in params[len(variant):] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if tuple(named[:len(variant)]) == tuple(variant) and all(p.default is not p.empty for p in rest):
+            return None
+    return f"takes ({', '.join(named)}), not ({' or '.join(', '.join(v) for v in variants)})"
+
+
+def accepts_every_parameter(ours, theirs) -> list[str]:
+    """The parameters of SGLang's ``theirs`` that our replacement or override ``ours`` cannot be called with."""
+    mine = _parameters(ours)
+    if any(p.kind is p.VAR_KEYWORD for p in mine):
+        names = None  # **kwargs takes any keyword
+    else:
+        names = {p.name for p in mine}
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in mine)
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in mine)
+    missing = []
+    for i, p in enumerate(_parameters(theirs)):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        by_position = p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and (varargs or i < positional))
+        if not by_position and names is not None and p.name not in names:
+            missing.append(p.name)
+    return missing
+
+
+def _names(code: types.CodeType):
+    """``("global" | "attr", name)`` of every global and attribute lookup in ``code`` and its nested functions."""
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            yield "global", ins.argval
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            yield "attr", ins.argval
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def reaches(caller, module, name: str, hops: int = 2) -> bool:
+    """Whether ``caller``, or an SGLang function it calls by global name (up to ``hops`` calls deep), looks up
+    ``name``: as a global of ``module`` (so that rebinding ``module.name`` takes effect), or as an attribute
+    when ``module`` is None."""
+    todo, seen = [(inspect.unwrap(caller), hops)], set()
+    while todo:
+        fn, left = todo.pop()
+        if fn in seen or not inspect.isfunction(fn):
+            continue
+        seen.add(fn)
+        names = set(_names(fn.__code__))
+        if module is None and ("attr", name) in names:
+            return True
+        if module is not None and fn.__globals__ is vars(module) and ("global", name) in names:
+            return True
+        if left:
+            for kind, n in names:
+                callee = fn.__globals__.get(n) if kind == "global" else None
+                if inspect.isfunction(callee) and callee.__module__.startswith("sglang"):
+                    todo.append((inspect.unwrap(callee), left - 1))
+    return False
+
+
+def _where(owner) -> str:
+    return f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
+
+
+def overridden_methods(cls) -> list[str]:
+    """The methods ``cls`` defines itself that its SGLang base classes define too (what we override)."""
+    return [name for name, attr in vars(cls).items() if inspect.isfunction(attr) and not name.startswith("__")
+            and getattr(super(cls, cls), name, None) is not None]
+
+
+def glue_problems(replacements: dict | None = None, classes=()) -> list[str]:
+    """Everything that no longer holds (empty when all does): names, call sites, signatures, hook targets
+    (:func:`~sgl_eagle_triton.glue.hooks.hook_problems`), ``replacements`` (keys of :data:`REBOUND` -> our function
+    put in its place) and the overridden methods of ``classes`` (ours, subclassing SGLang's) that could not take
+    every parameter SGLang's original takes."""
+    from sgl_eagle_triton.glue.hooks import hook_problems
+
+    problems = [f"{_where(owner)}.{name} (missing)" for owner, name in SGLANG_NAMES if not hasattr(owner, name)]
+    for owner, attr, module, name in CALL_SITES:
+        if module is not None and not hasattr(module, name):
+            problems.append(f"{module.__name__}.{name} (missing)")
+        elif not reaches(getattr(owner, attr), module, name):
+            target = f"{module.__name__}.{name}" if module is not None else f"the method {name}"
+            problems.append(f"{_where(owner)}.{attr} no longer reaches {target}")
+    for owner, name, variants in SIGNATURES:
+        fn = getattr(owner, name, None)
+        problem = "missing" if fn is None else signature_problem(fn, variants)
+        if problem:
+            problems.append(f"{_where(owner)}.{name} {problem}")
+    problems += hook_problems()
+    for key, ours in (replacements or {}).items():
+        module, name = REBOUND[key]
+        theirs = getattr(module, name, None)
+        missing = [] if theirs is None or isinstance(theirs, type) else accepts_every_parameter(ours, theirs)
+        if missing:
+            problems.append(f"our replacement of {module.__name__}.{name} does not take {', '.join(missing)}")
+    for cls in classes:
+        for name in overridden_methods(cls):
+            missing = accepts_every_parameter(getattr(cls, name), getattr(super(cls, cls), name))
+            if missing:
+                problems.append(f"our override {cls.__qualname__}.{name} does not take {', '.join(missing)}")
+    return problems
+
+
+def check_glue(replacements: dict | None = None, classes=()) -> None:
+    """Refuse to start (RuntimeError naming what moved and this SGLang's version) unless the installed SGLang is a
+    served release and every touchpoint holds (:func:`glue_problems`): otherwise stock kernels would run under a
+    "triton" banner, or a request would crash mid-decode."""
+    versions.check_supported()
+    problems = glue_problems(replacements, classes)
+    if problems:
+        raise RuntimeError(
+            f"EAGLE_TRITON (sgl-eagle-triton) cannot run on SGLang {sglang.__version__}: " + "; ".join(problems)
+            + ". Its Triton kernels enter SGLang's EAGLE worker through these touchpoints (docs/design.md), so stock "
+            f"kernels would run instead or a request would fail. Served releases: {versions.SUPPORTED_RANGE[0]} ... "
+            f"{versions.SUPPORTED_RANGE[1]} (GPU-tested: {', '.join(versions.GPU_TESTED)}).")
+
+
+@contextmanager
+def swapped(owner, name: str, replacement):
+    """Rebind ``owner.name`` (a module's global, or an object's attribute) for the duration of the block; fails
+    loudly (AttributeError) if SGLang moved it."""
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+# The rebindings, one function each (the worker names no SGLang module attribute itself)
+
+def swapped_draft_worker_class(cls):
+    """While ``EAGLEWorkerV2.__init__`` runs: it builds ``cls`` as its draft worker."""
+    return swapped(*REBOUND["draft_worker_class"], cls)
+
+
+def swapped_build_tree(build_tree):
+    """While ``EagleDraftWorker.draft`` runs: the verify tree is built by ``build_tree``."""
+    return swapped(*REBOUND["build_tree"], build_tree)
+
+
+@contextmanager
+def swapped_verify(greedy, sample):
+    """While ``EAGLEWorkerV2.verify`` runs: greedy tree verification by ``greedy`` (SGLang's ``eagle_sample`` calls
+    ``eagle_utils.verify_tree_greedy_func``) and token selection by ``sample`` (in place of ``eagle_sample``)."""
+    with swapped(*REBOUND["verify_tree_greedy"], greedy), swapped(*REBOUND["eagle_sample"], sample):
+        yield
+
+
+def swapped_organize_draft_results(organize):
+    """While SGLang's own ``draft_forward`` runs (draft check mode): its draft results pass through ``organize``."""
+    return swapped(*REBOUND["organize_draft_results"], organize)
+
+
+def organize_draft_results():
+    return eagle_worker_v2.organize_draft_results
+
+
+@contextmanager
+def swapped_draft_extend_width(width: int):
+    """While an adaptive runtime state is built: its draft-extend CUDA graph is captured ``width`` tokens per request
+    wide. SGLang 0.5.17 reads the width from the server args (the initial state's) through
+    ``resolve_num_tokens_per_req(phase, server_args)``: rebound; from 0.5.18 it reads the state's own published
+    settings (``get_spec()``, overridden per state) and takes no server args: nothing to rebind."""
+    resolve = draft_extend_graph_runner.resolve_num_tokens_per_req
+    if "server_args" not in inspect.signature(resolve).parameters:
+        yield
+        return
+
+    def state_width(phase, *args, **kwargs):
+        return width if phase == "draft_extend" else resolve(phase, *args, **kwargs)
+
+    with swapped(draft_extend_graph_runner, "resolve_num_tokens_per_req", state_width):
+        yield
+
+
+def sglang_eagle_sample():
+    """SGLang's own ``eagle_utils.eagle_sample`` (our greedy path calls it with our greedy kernel rebound)."""
+    return eagle_utils.eagle_sample
+
+
+def verify_coins():
+    return eagle_utils._verify_coins
+
+
+def draft_recurrent_hidden_state_spec(draft_runner):
+    """``(hidden size | None, dtype | None)`` of the hidden state a draft carries between steps (SGLang's)."""
+    return eagle_utils.get_draft_recurrent_hidden_state_spec(draft_runner)
+
+
+def tp_group(draft_runner):
+    """The tensor-parallel group (SGLang's ``GroupCoordinator``) the draft runs on: the model runner's ``tp_group`` up
+    to 0.5.21; from 0.5.22 runners keep none and the group is SGLang's global one (``parallel_state.get_tp_group``);
+    None outside SGLang's distributed setup (CPU tests)."""
+    group = getattr(draft_runner, "tp_group", None)
+    if group is not None:
+        return group
+    from sglang.srt.distributed import parallel_state
+
+    return parallel_state._TP  # None before SGLang initialised its groups
+
+
+def graph_capture():
+    """SGLang's ``parallel_state.graph_capture()`` context (its all-reduces capturable; ``.stream``)."""
+    from sglang.srt.distributed.parallel_state import graph_capture as capture
+
+    return capture()

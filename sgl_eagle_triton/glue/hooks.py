@@ -1,0 +1,117 @@
+"""The SGLang functions our plugin hooks (SGLang's plugin hook registry wraps them in every process it starts), with
+the parameters each of our hooks reads, and their registration.
+
+Each hook is registered by its key in :data:`HOOKS`; the plugin hands the functions (:func:`register`). The start-up
+check (:func:`hook_problems`) imports every target and matches its parameters against the variants we handle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str  # SGLang's function or method, dotted
+    kind: str  # "after" (our hook gets the result, then SGLang's arguments) or "around" (the original first)
+    variants: tuple  # the parameter lists (``self`` dropped) our hook handles, any further ones defaulted
+    why: str
+
+
+HOOKS = {
+    # 0.5.17: the server args; 0.5.18+: none (it reads the published settings): config.req_to_token_headroom takes both
+    "req_to_token_headroom": Hook(
+        "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", "after",
+        (("server_args",), ()), "req_to_token rows hold the draft reservation at page size 1 (an SGLang leak)"),
+    "report_kernels": Hook(
+        "sglang.srt.managers.scheduler.Scheduler.get_internal_state", "after", (("recv_req",),),
+        "/server_info shows the kernel report"),
+    "adaptive_reason": Hook(
+        "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason", "around", (("server_args",),),
+        "--speculative-adaptive judged by EAGLE3's rules"),
+    "shared_logits_rows": Hook(
+        "sglang.srt.model_executor.model_runner.ModelRunner.max_decode_logits_rows", "after", ((),),
+        "the shared logits buffer holds the widest adaptive tree"),
+    "verify_attention_backend": Hook(
+        "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_resolved_backend", "after",
+        (("model_runner", "resolved", "init_new_workspace"),), "the target's verify attends through our kernel"),
+}
+
+
+def resolve(target: str):
+    """The function or method a dotted ``target`` names (the longest importable module prefix, then attributes)."""
+    parts = target.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(target)
+
+
+def _parameters(fn) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(inspect.unwrap(fn)).parameters.values() if p.name != "self"]
+
+
+def hook_problems() -> list[str]:
+    """Every hook target that is missing or whose parameters match none of the variants our hook handles."""
+    problems = []
+    for hook in HOOKS.values():
+        try:
+            params = _parameters(resolve(hook.target))
+        except (ImportError, AttributeError):
+            problems.append(f"{hook.target} (missing: {hook.why})")
+            continue
+        named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not any(tuple(named[:len(v)]) == tuple(v) and all(p.default is not p.empty for p in params[len(v):]
+                                                             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+                   for v in hook.variants):
+            problems.append(f"{hook.target} takes ({', '.join(named)}), not "
+                            f"({' or '.join(', '.join(v) for v in hook.variants)}) ({hook.why})")
+    return problems
+
+
+def register(functions: dict) -> bool:
+    """Register ``functions`` (keys of :data:`HOOKS` -> our hooks) with SGLang's plugin hook registry; False (logged)
+    on an SGLang without one."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        logger.warning("EAGLE_TRITON: this SGLang has no plugin hook registry; its hooks are not applied")
+        return False
+    for key, fn in functions.items():
+        hook = HOOKS[key]
+        HookRegistry.register(hook.target, fn, HookType.AFTER if hook.kind == "after" else HookType.AROUND)
+    return True
+
+
+# Process-wide wrappers (benchmark mode and diagnostics only; each applied once, marked by ``marker``)
+
+def wrap_stock_eagle_sample(wrap, marker: str) -> bool:
+    """Every EAGLE server of this process verifies through ``wrap(eagle_sample)`` (SGLang's
+    ``eagle_worker_common.eagle_sample``, which ``EAGLEWorkerV2.verify`` looks up at each call); False if already."""
+    from sglang.srt.speculative import eagle_worker_common
+
+    if getattr(eagle_worker_common.eagle_sample, marker, False):
+        return False
+    eagle_worker_common.eagle_sample = wrap(eagle_worker_common.eagle_sample)
+    return True
+
+
+def wrap_eagle_forward(wrap, marker: str) -> bool:
+    """Every ``EAGLEWorkerV2`` of this process runs its decode steps through ``wrap(forward_batch_generation)``
+    (ours calls the parent's); False if already."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if getattr(EAGLEWorkerV2.forward_batch_generation, marker, False):
+        return False
+    EAGLEWorkerV2.forward_batch_generation = wrap(EAGLEWorkerV2.forward_batch_generation)
+    return True

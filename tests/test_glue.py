@@ -1,0 +1,174 @@
+"""The glue layer against the installed SGLang (every served release runs these: .ci/run's lanes): the start-up check
+passes on it, and refuses, naming what moved, an SGLang outside the served releases, a moved call site, a missing
+name, a changed signature, a keyword our replacements or overrides would not take, and a hook target that changed."""
+
+import functools
+import re
+from types import SimpleNamespace
+
+import pytest
+import sglang
+from sglang.srt.speculative import eagle_utils, eagle_worker_common
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from sgl_eagle_triton import config, plugin, worker
+from sgl_eagle_triton.glue import args, call_sites, hooks, versions
+from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
+
+CLASSES = (TritonEagleDraftWorker, EagleTritonWorkerV2)
+
+
+def _check():
+    call_sites.check_glue(worker.REPLACEMENTS, CLASSES)
+
+
+def test_the_installed_sglang_is_served_and_every_touchpoint_holds():
+    assert versions.unsupported_reason() is None and versions.installed() == sglang.__version__
+    assert versions.installed() in versions.CPU_CHECKED
+    assert call_sites.glue_problems(worker.REPLACEMENTS, CLASSES) == []
+    _check()
+    assert all(call_sites.reaches(getattr(owner, attr), module, name)
+               for owner, attr, module, name in call_sites.CALL_SITES)
+
+
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.24", "0.6.0"])
+def test_an_sglang_outside_the_served_releases_is_refused_at_start(monkeypatch, version):
+    monkeypatch.setattr(versions, "installed", lambda: version)
+    served = re.escape(f"SGLang {version} is outside the releases sgl-eagle-triton serves (0.5.17 ... 0.5.23)")
+    with pytest.raises(versions.UnsupportedSGLangError, match=served):
+        EagleTritonWorkerV2()  # the check runs before anything else is built
+    with pytest.raises(versions.UnsupportedSGLangError, match=served + r".*pip install 'sglang>=0.5.17,<=0.5.23'"):
+        config.validate_before_defaults(SimpleNamespace(speculative_adaptive=False))
+
+
+def test_outside_the_served_releases_the_plugin_registers_only_a_refusal(monkeypatch):
+    """register() on an unserved SGLang applies no hook and registers EAGLE_TRITON with a validator that refuses."""
+    registered, applied = {}, []
+    monkeypatch.setattr(versions, "installed", lambda: "0.5.24")
+    monkeypatch.setattr(plugin, "get_spec", lambda name: None)
+    monkeypatch.setattr(plugin, "_register_hooks", lambda: applied.append(True))
+    monkeypatch.setattr(plugin.SpeculativeAlgorithm, "register",
+                        lambda name, **kwargs: (registered.update(kwargs), lambda factory: None)[1])
+    plugin.register()
+    assert not applied
+    with pytest.raises(versions.UnsupportedSGLangError, match="0.5.17 ... 0.5.23"):
+        registered["validate_server_args"](SimpleNamespace())
+
+
+def _stock_verify_that_moved_its_sampling(self, batch, grammar_barrier=None):
+    return eagle_utils.eagle_sample(None, batch, None)  # no longer through eagle_worker_common.eagle_sample
+
+
+def _draft_forward_renamed(self, batch):
+    return self.draft_forward_v3(batch)
+
+
+@pytest.mark.parametrize("owner, method, replacement, named", [
+    (EAGLEWorkerV2, "verify", _stock_verify_that_moved_its_sampling, "eagle_worker_common.eagle_sample"),
+    (EagleDraftWorker, "draft", _draft_forward_renamed, "the method draft_forward"),
+])
+def test_a_moved_call_site_refuses_to_start(monkeypatch, owner, method, replacement, named):
+    monkeypatch.setattr(owner, method, replacement)
+    with pytest.raises(RuntimeError) as err:
+        EagleTritonWorkerV2()
+    message = str(err.value)
+    assert f"SGLang {sglang.__version__}" in message and "Served releases: 0.5.17 ... 0.5.23" in message
+    assert re.search(rf"{owner.__module__}\.{owner.__qualname__}\.{method} no longer reaches [\w.]*{named}", message)
+
+
+def test_a_wrapped_method_that_still_calls_through_passes(monkeypatch):
+    original = EAGLEWorkerV2.verify
+
+    @functools.wraps(original)
+    def timed(self, *args, **kwargs):  # e.g. another plugin's AROUND hook
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EAGLEWorkerV2, "verify", timed)
+    _check()
+
+
+@pytest.mark.parametrize("module, name", [(eagle_utils, "_verify_coins"), (eagle_worker_common, "eagle_sample")])
+def test_a_missing_name_refuses_to_start(monkeypatch, module, name):
+    monkeypatch.delattr(module, name)
+    with pytest.raises(RuntimeError, match=rf"{module.__name__.split('.')[-1]}\.{name} \(missing\)"):
+        _check()
+
+
+def test_a_renamed_argument_refuses_to_start(monkeypatch):
+    """As 0.5.18 dropped resolve_num_tokens_per_req's server_args: a signature none of our variants handles."""
+    def coins(sampling_info, seq_lens, num_draft_tokens, candidates, device):  # draft_token_num renamed
+        return None
+
+    monkeypatch.setattr(eagle_utils, "_verify_coins", coins)
+    with pytest.raises(RuntimeError, match=re.escape("eagle_utils._verify_coins takes (sampling_info, seq_lens, "
+                                                     "num_draft_tokens, candidates, device), not (sampling_info")):
+        _check()
+
+
+def test_a_keyword_sglang_starts_passing_that_our_replacement_lacks_refuses_to_start(monkeypatch):
+    """As 0.5.20 / 0.5.22 began passing uno_target_max_top_k / watermark_state to eagle_sample: ours must take every
+    parameter SGLang's takes (it takes those), else the server is refused at start, not at its first verify."""
+    stock = eagle_utils.eagle_sample
+
+    def grown(verify_input, batch, logits_output, grammar_mask=None, *, speculative_budget=None):
+        return stock(verify_input, batch, logits_output, grammar_mask)
+
+    monkeypatch.setattr(eagle_worker_common, "eagle_sample", grown)
+    with pytest.raises(RuntimeError, match="our replacement of .*eagle_worker_common.eagle_sample does not take "
+                       "speculative_budget"):
+        _check()
+
+
+def test_an_override_that_drops_a_keyword_sglang_passes_refuses_to_start(monkeypatch):
+    """As 0.5.22's forward_batch_generation passes kv_loc_plan= to _draft_extend_for_decode."""
+    def extend(self, batch, batch_result, *, kv_loc_plan=None, fused_plan=None):
+        return None
+
+    monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", extend)
+    assert call_sites.glue_problems(worker.REPLACEMENTS, CLASSES) == []  # ours passes keywords through
+
+    class Narrow(EagleDraftWorker):
+        def _draft_extend_for_decode(self, batch, batch_result):
+            return None
+
+    assert call_sites.glue_problems({}, (Narrow,)) == [
+        f"our override {Narrow.__qualname__}._draft_extend_for_decode does not take kv_loc_plan, fused_plan"]
+
+
+def test_a_hook_target_that_changed_refuses_to_start(monkeypatch):
+    from sglang.srt.speculative import adaptive_spec_params
+
+    monkeypatch.setattr(adaptive_spec_params, "adaptive_unsupported_reason", lambda config_bag, strict: None)
+    with pytest.raises(RuntimeError, match=re.escape("adaptive_unsupported_reason takes (config_bag, strict), not "
+                                                     "(server_args)")):
+        _check()
+
+
+def test_every_hook_target_resolves_and_takes_what_our_hook_reads():
+    assert hooks.hook_problems() == []
+    assert set(hooks.HOOKS) == {"req_to_token_headroom", "report_kernels", "adaptive_reason", "shared_logits_rows",
+                                "verify_attention_backend"}
+
+
+@pytest.mark.parametrize("version, parsed", [("0.5.17", (0, 5, 17)), ("0.5.21.post1", (0, 5, 21)),
+                                             ("0.5.23rc1", (0, 5, 23)), ("0.5.23+cu130", (0, 5, 23))])
+def test_release_numbers(version, parsed):
+    assert versions.release(version) == parsed
+
+
+def test_settings_read_what_sglang_resolved():
+    """A record from the command line, resolved as a launcher does it: its settings say what SGLang decided (from
+    0.5.19 the record itself keeps the raw input: steps None)."""
+    from sglang.srt.plugins import load_plugins
+
+    from tests.tiny_models import TRAINED_PAIR
+
+    load_plugins()
+    record = args.prepare_server_args(["--model-path", str(TRAINED_PAIR / "target"), "--device", "cpu",
+                                       "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                                       str(TRAINED_PAIR / "eagle3"), "--speculative-num-steps", "3",
+                                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
+    view = args.settings(record)
+    assert (view.speculative_num_steps, view.speculative_eagle_topk, view.speculative_num_draft_tokens) == (3, 1, 4)
+    assert args.Overlay(record, speculative_eagle_topk=7).speculative_eagle_topk == 7
+    assert args.Overlay(record).speculative_num_steps == 3
