@@ -39,6 +39,8 @@ import re
 import time
 from collections import deque
 
+from sgl_eagle_triton.glue.hooks import tp_rank_of
+
 logger = logging.getLogger(__name__)
 
 
@@ -150,7 +152,7 @@ def parse_summaries(text: str) -> list[dict]:
 
 def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int = 0):
     """``forward`` (SGLang's ``EAGLEWorkerV2.forward_batch_generation(self, batch, ...)``) with its decode steps timed
-    by one :class:`CycleTiming` per worker (made at its first call: the rank of ``self.ps.tp_rank``, the name of its
+    by one :class:`CycleTiming` per worker (made at its first call: the worker's TP rank (glue.hooks.tp_rank_of), its
     ``server_args.speculative_algorithm``, ``profile_top`` as given). A prefill breaks the chain and is not timed, nor
     is an idle batch."""
 
@@ -159,8 +161,8 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
         timing = self.__dict__.get("_cycle_timing")
         if timing is None:
             name = str(getattr(getattr(self, "server_args", None), "speculative_algorithm", None) or "EAGLE")
-            timing = self._cycle_timing = make_timing(every, rank=getattr(getattr(self, "ps", None), "tp_rank", 0),
-                                                      name=name, profile_top=profile_top)
+            timing = self._cycle_timing = make_timing(every, rank=tp_rank_of(self), name=name,
+                                                      profile_top=profile_top)
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             timing.break_chain()
             return forward(self, batch, *args, **kwargs)

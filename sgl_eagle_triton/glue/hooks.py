@@ -115,3 +115,15 @@ def wrap_eagle_forward(wrap, marker: str) -> bool:
         return False
     EAGLEWorkerV2.forward_batch_generation = wrap(EAGLEWorkerV2.forward_batch_generation)
     return True
+
+
+def tp_rank_of(worker) -> int:
+    """The tensor-parallel rank an SGLang worker runs on: its ``ps.tp_rank`` up to 0.5.20; from 0.5.21 workers keep no
+    ``ps`` and the rank is SGLang's TP group's (0 outside SGLang's distributed setup)."""
+    rank = getattr(getattr(worker, "ps", None), "tp_rank", None)
+    if rank is not None:
+        return rank
+    from sglang.srt.distributed import parallel_state
+
+    group = parallel_state._TP
+    return group.rank_in_group if group is not None else 0
