@@ -172,3 +172,23 @@ def test_settings_read_what_sglang_resolved():
     assert (view.speculative_num_steps, view.speculative_eagle_topk, view.speculative_num_draft_tokens) == (3, 1, 4)
     assert args.Overlay(record, speculative_eagle_topk=7).speculative_eagle_topk == 7
     assert args.Overlay(record).speculative_num_steps == 3
+
+
+def test_the_refusals_above_come_from_the_checks(monkeypatch):
+    """Mutations: without the signature table, the renamed argument passes; without the replacements' parameters,
+    the new keyword passes; without the hook table, the changed hook target passes (so the tests above fail)."""
+    def coins(sampling_info, seq_lens, num_draft_tokens, candidates, device):
+        return None
+
+    def grown(verify_input, batch, logits_output, grammar_mask=None, *, speculative_budget=None):
+        return None
+
+    from sglang.srt.speculative import adaptive_spec_params
+
+    monkeypatch.setattr(eagle_utils, "_verify_coins", coins)
+    monkeypatch.setattr(eagle_worker_common, "eagle_sample", grown)
+    monkeypatch.setattr(adaptive_spec_params, "adaptive_unsupported_reason", lambda config_bag, strict: None)
+    assert len(call_sites.glue_problems(worker.REPLACEMENTS, CLASSES)) == 3
+    monkeypatch.setattr(call_sites, "SIGNATURES", ())
+    monkeypatch.setattr(hooks, "HOOKS", {})
+    assert call_sites.glue_problems({}, CLASSES) == []

@@ -249,9 +249,17 @@ def swapped_build_tree(build_tree):
 @contextmanager
 def swapped_verify(greedy, sample):
     """While ``EAGLEWorkerV2.verify`` runs: greedy tree verification by ``greedy`` (SGLang's ``eagle_sample`` calls
-    ``eagle_utils.verify_tree_greedy_func``) and token selection by ``sample`` (in place of ``eagle_sample``)."""
-    with swapped(*REBOUND["verify_tree_greedy"], greedy), swapped(*REBOUND["eagle_sample"], sample):
+    ``eagle_utils.verify_tree_greedy_func``) and token selection by ``sample`` (in place of ``eagle_sample``). Both
+    rebindings in one frame: this runs at every decode step."""
+    (greedy_module, greedy_name), (sample_module, sample_name) = REBOUND["verify_tree_greedy"], REBOUND["eagle_sample"]
+    greedy_original, sample_original = getattr(greedy_module, greedy_name), getattr(sample_module, sample_name)
+    setattr(greedy_module, greedy_name, greedy)
+    setattr(sample_module, sample_name, sample)
+    try:
         yield
+    finally:
+        setattr(greedy_module, greedy_name, greedy_original)
+        setattr(sample_module, sample_name, sample_original)
 
 
 def swapped_organize_draft_results(organize):
