@@ -97,8 +97,19 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # the same without the draft extend (SYSTEM_ENV): SGLang's speculative path at steps 0 and nothing else, the floor
     # of any EAGLE V2 worker's "off" (its draft KV goes stale: fine for a server that never drafts again)
     "eagle3_off_skip": ("EAGLE3", "off"),
+    # EAGLE_TRITON served from another source tree (--before-tree: e.g. the previous commit's sgl_eagle_triton), for an
+    # A/B of a change beside eagle_triton under --interleave
+    "eagle_triton_before": ("EAGLE_TRITON", None),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}}  # a system's own server env
+
+
+def before_tree_env(tree: Path | None, pythonpath: str) -> dict:
+    """eagle_triton_before's server environment: ``tree`` (holding an ``sgl_eagle_triton`` package) first on the
+    server's ``sys.path``, ahead of the working directory (``PYTHONSAFEPATH``: ``python -m`` would put it first)."""
+    if tree is None:
+        return {}
+    return {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(p for p in (str(tree), pythonpath) if p)}
 # eagle_triton_cost's candidate step counts: SGLang 0.5.17's default brackets' union (0, 1, 3, 7) and 5, the chain
 # of the real pair's best static shape (5,1,6) (rows: 'candidates'; rows without it ran 0, 1, 3, 7)
 COST_CANDIDATES = [0, 1, 3, 5, 7]
@@ -330,7 +341,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive.json")
-    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
+                        default=[s for s in SYSTEMS if s != "eagle_triton_before"])
     parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (4, 4, 16), (3, 1, 4)],  # large, mid, chain
                         type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
@@ -344,6 +356,8 @@ def parse_args(argv=None):
                         help="extra environment of every server, e.g. a trial's knob (rows: 'env', part of their key)")
     parser.add_argument("--server-flags", default="", help="extra flags of every server, e.g. '--attention-backend "
                         "flashinfer' (rows: 'flags', part of their key)")
+    parser.add_argument("--before-tree", type=Path, help="eagle_triton_before serves the sgl_eagle_triton package of "
+                        "this folder (e.g. git archive of an earlier commit), the rest of its path as eagle_triton's")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--repeats", type=int, default=2,
@@ -358,7 +372,10 @@ def parse_args(argv=None):
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
                         "cards, each with its own no-spec) into --out, with its table and plot")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if "eagle_triton_before" in args.systems and args.before_tree is None:
+        parser.error("eagle_triton_before needs --before-tree DIR (a tree holding the sgl_eagle_triton to compare)")
+    return args
 
 
 def main(argv=None):
@@ -398,6 +415,8 @@ def main(argv=None):
         meta["session"] = datetime.datetime.now().isoformat(timespec="seconds")
     if args.round_robin:  # its rows never replace, nor are replaced by, rows measured a whole measurement per run
         meta["round_robin"] = True
+    # the working directory (this tree) and everything the servers' path had, after the other tree
+    before = before_tree_env(args.before_tree, os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     servers = [(system, shape) for system in args.systems
                for shape in ([None] if SYSTEMS[system][0] is None or SYSTEMS[system][1] else args.shapes)]
 
@@ -405,7 +424,8 @@ def main(argv=None):
         name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
         return Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
                                           *shlex.split(args.server_flags), *extra],
-                      args.workdir, env={**env, **SYSTEM_ENV.get(system, {}), **server_env(args.server_env)})
+                      args.workdir, env={**env, **SYSTEM_ENV.get(system, {}), **server_env(args.server_env),
+                                         **(before if system == "eagle_triton_before" else {})})
 
     if args.interleave:
         return interleaved(servers, start, args, meta)

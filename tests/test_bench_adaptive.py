@@ -290,3 +290,18 @@ def test_runs_of_different_sweeps_are_not_paired():
     report = adaptive.report(rows)
     assert "| 1 | eagle_triton_off / nospec | 1.00 / 0.67 |" in report
     assert "| 1 | eagle_triton_off / eagle_triton_cost | 0.50 / 1.00 |" in report
+
+
+def test_the_before_system_serves_another_trees_package(tmp_path):
+    """eagle_triton_before: the same flags as eagle_triton, its server's path led by --before-tree, ahead of the
+    working directory (PYTHONSAFEPATH), for an interleaved A/B of a change."""
+    draft = tmp_path / "draft"
+    assert adaptive.spec_args("eagle_triton_before", draft, (3, 1, 4), tmp_path) == adaptive.spec_args(
+        "eagle_triton", draft, (3, 1, 4), tmp_path)
+    env = adaptive.before_tree_env(tmp_path / "old", "/tmp/site")
+    assert env == {"PYTHONSAFEPATH": "1", "PYTHONPATH": f"{tmp_path / 'old'}:/tmp/site"}
+    assert adaptive.before_tree_env(None, "/tmp/site") == {}
+    with pytest.raises(SystemExit):
+        adaptive.parse_args(["--systems", "eagle_triton_before", "--real-pair"])
+    args = adaptive.parse_args(["--systems", "eagle_triton_before", "--before-tree", "/old"])
+    assert args.before_tree == Path("/old")

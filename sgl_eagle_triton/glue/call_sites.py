@@ -30,6 +30,8 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton.glue import versions
+from sgl_eagle_triton.glue.hooks import hook_problems, signature_problem
+from sgl_eagle_triton.glue.hooks import parameters as _parameters
 
 # SGLang names our code uses without wrapping a caller (checked to exist).
 SGLANG_NAMES = (
@@ -93,21 +95,6 @@ SIGNATURES = (
     # 0.5.17 passes the server args; 0.5.18+ reads the per-state settings itself (swapped_draft_extend_width)
     (draft_extend_graph_runner, "resolve_num_tokens_per_req", (("phase", "server_args"), ("phase",))),
 )
-
-
-def _parameters(fn) -> list[inspect.Parameter]:
-    return [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
-
-
-def signature_problem(fn, variants) -> str | None:
-    """Why ``fn``'s parameters match none of ``variants`` (each a leading list of names, further ones defaulted)."""
-    params = _parameters(fn)
-    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    for variant in variants:
-        rest = [p for p in params[len(variant):] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if tuple(named[:len(variant)]) == tuple(variant) and all(p.default is not p.empty for p in rest):
-            return None
-    return f"takes ({', '.join(named)}), not ({' or '.join(', '.join(v) for v in variants)})"
 
 
 def accepts_every_parameter(ours, theirs) -> list[str]:
@@ -179,8 +166,6 @@ def glue_problems(replacements: dict | None = None, classes=()) -> list[str]:
     (:func:`~sgl_eagle_triton.glue.hooks.hook_problems`), ``replacements`` (keys of :data:`REBOUND` -> our function
     put in its place) and the overridden methods of ``classes`` (ours, subclassing SGLang's) that could not take
     every parameter SGLang's original takes."""
-    from sgl_eagle_triton.glue.hooks import hook_problems
-
     problems = [f"{_where(owner)}.{name} (missing)" for owner, name in SGLANG_NAMES if not hasattr(owner, name)]
     for owner, attr, module, name in CALL_SITES:
         if module is not None and not hasattr(module, name):

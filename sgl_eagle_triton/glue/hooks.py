@@ -57,8 +57,21 @@ def resolve(target: str):
     raise ImportError(target)
 
 
-def _parameters(fn) -> list[inspect.Parameter]:
+def parameters(fn) -> list[inspect.Parameter]:
+    """``fn``'s parameters (through wrappers), ``self`` dropped."""
     return [p for p in inspect.signature(inspect.unwrap(fn)).parameters.values() if p.name != "self"]
+
+
+def signature_problem(fn, variants) -> str | None:
+    """Why ``fn``'s parameters match none of ``variants`` (each a leading list of names, any further parameters
+    defaulted), None if one matches."""
+    params = parameters(fn)
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for variant in variants:
+        rest = [p for p in params[len(variant):] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if tuple(named[:len(variant)]) == tuple(variant) and all(p.default is not p.empty for p in rest):
+            return None
+    return f"takes ({', '.join(named)}), not ({' or '.join(', '.join(v) for v in variants)})"
 
 
 def hook_problems() -> list[str]:
@@ -66,16 +79,13 @@ def hook_problems() -> list[str]:
     problems = []
     for hook in HOOKS.values():
         try:
-            params = _parameters(resolve(hook.target))
+            target = resolve(hook.target)
         except (ImportError, AttributeError):
             problems.append(f"{hook.target} (missing: {hook.why})")
             continue
-        named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if not any(tuple(named[:len(v)]) == tuple(v) and all(p.default is not p.empty for p in params[len(v):]
-                                                             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-                   for v in hook.variants):
-            problems.append(f"{hook.target} takes ({', '.join(named)}), not "
-                            f"({' or '.join(', '.join(v) for v in hook.variants)}) ({hook.why})")
+        problem = signature_problem(target, hook.variants)
+        if problem:
+            problems.append(f"{hook.target} {problem} ({hook.why})")
     return problems
 
 
