@@ -67,7 +67,7 @@ SUPPORTED_DEVICES = ("cuda",)
 MAX_DRAFT_TOKENS = 128  # the build-tree kernel's widest tree (one program holds a whole tree)
 MAX_TOPK = 16  # the fused LM head keeps at most 16 candidates per vocabulary tile
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")  # SGLang's names, all the draft attention reads
-# SGLang 0.5.17 runs topk > 1 with page size > 1 only on these attention backends (its two-pass paged draft decode,
+# SGLang runs topk > 1 with page size > 1 only on these attention backends (its two-pass paged draft decode,
 # arg_groups/speculative_hook.py); EAGLE_TRITON follows the same rule, since SGLang's draft extend and the target's
 # verify run on them.
 PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
@@ -357,7 +357,7 @@ def adaptive_policy(sa) -> str:
 
 
 def stock_adaptive_reason(sa, original=None) -> str | None:
-    """Why SGLang 0.5.17 would not run ``--speculative-adaptive`` with these args were they stock EAGLE3's (its
+    """Why SGLang would not run ``--speculative-adaptive`` with these args were they stock EAGLE3's (its
     ``adaptive_unsupported_reason``, or ``original``), or None."""
     if original is None:
         from sglang.srt.speculative import adaptive_spec_params
@@ -573,9 +573,10 @@ def shared_logits_rows(rows: int, model_runner, *args, **kwargs) -> int:
     """After-hook on SGLang's ``ModelRunner.max_decode_logits_rows``: under ``--speculative-adaptive`` the target's
     logits buffer shared by its CUDA graphs holds the widest candidate's verify tree.
 
-    SGLang 0.5.17 sizes it for the initial step count (max graph batch x its draft tokens), so capturing a larger
-    candidate's verify graph fails an assertion at start (stock EAGLE3 too, e.g. the default brackets from their
-    middle candidate 3 with ``--cuda-graph-max-bs 16``: "holds 64 rows but caller needs 128").
+    SGLang 0.5.17 / 0.5.18 size it for the initial step count (max graph batch x its draft tokens; 0.5.19+ for every
+    chain candidate, not our trees), so capturing a larger candidate's verify graph fails an assertion at start
+    (stock EAGLE3 too, e.g. the default brackets from their middle candidate 3 with ``--cuda-graph-max-bs 16``:
+    "holds 64 rows but caller needs 128").
     """
     sa = glue_args.settings(model_runner.server_args)
     if (not is_ours(sa) or not sa.speculative_adaptive

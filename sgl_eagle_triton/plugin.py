@@ -9,15 +9,18 @@ starts (launcher, engine, schedulers), so registration is idempotent and light: 
 :func:`sgl_eagle_triton.config.current_draft_kind`), and predicates ``CustomSpecAlgo`` lacks are
 taken from the matching builtin member (``EAGLE3`` or ``EAGLE``).
 
-It also registers hooks through SGLang's plugin hook registry (applied by ``load_plugins`` in every
-process, in a scheduler before its memory pools exist): :func:`sgl_eagle_triton.config.req_to_token_headroom`,
-which sizes an EAGLE_TRITON server's ``req_to_token`` rows for its draft reservation (a stock SGLang 0.5.17 leak
-and row overwrite near the context limit; other algorithms are left as they are), :func:`report_kernels`,
-which adds the worker's kernel report to ``/server_info``, :func:`sgl_eagle_triton.config.adaptive_reason`,
-which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON under EAGLE3's rules, and
-:func:`sgl_eagle_triton.config.shared_logits_rows`, which sizes the target's shared CUDA-graph logits buffer for the
-widest adaptive candidate (an SGLang 0.5.17 start-up crash, stock EAGLE3's too), and :func:`verify_attention_backend`,
-which swaps an EAGLE_TRITON target's Triton backend for ours (the target verify's attention through our kernel).
+On an SGLang outside the served releases (:mod:`sgl_eagle_triton.glue.versions`) it applies no hook and registers
+EAGLE_TRITON only to refuse it at start, naming the range. Otherwise it also registers hooks
+(:mod:`sgl_eagle_triton.glue.hooks`: targets and parameters) through SGLang's plugin hook registry (applied by
+``load_plugins`` in every process, in a scheduler before its memory pools exist):
+:func:`sgl_eagle_triton.config.req_to_token_headroom`, which sizes an EAGLE_TRITON server's ``req_to_token`` rows for
+its draft reservation (a stock SGLang leak and row overwrite near the context limit, 0.5.17 ... 0.5.23; other
+algorithms are left as they are), :func:`report_kernels`, which adds the worker's kernel report to ``/server_info``,
+:func:`sgl_eagle_triton.config.adaptive_reason`, which lets SGLang's ``--speculative-adaptive`` run for EAGLE_TRITON
+under EAGLE3's rules, :func:`sgl_eagle_triton.config.shared_logits_rows`, which sizes the target's shared CUDA-graph
+logits buffer for the widest adaptive candidate (an SGLang 0.5.17 / 0.5.18 start-up crash, stock EAGLE3's too), and
+:func:`verify_attention_backend`, which swaps an EAGLE_TRITON target's Triton backend for ours (the target verify's
+attention through our kernel).
 """
 
 from __future__ import annotations
