@@ -22,13 +22,14 @@ import tempfile
 from pathlib import Path
 
 from sgl_eagle_triton import ALGORITHM_NAME
+from sgl_eagle_triton.glue.versions import cuda_graph_max_bs_flag
 from sgl_eagle_triton.launcher import Server, ServerError
 
 # The flags the air-gapped GPU bundle needs (no FA3 / FlashInfer / xgrammar); valid on any install.
 SERVER_FLAGS = (
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none", "--enable-metrics",
 )
-TINY_MODEL_FLAGS = ("--max-total-tokens", "65536", "--max-running-requests", "8", "--cuda-graph-max-bs", "8")
+TINY_MODEL_FLAGS = ("--max-total-tokens", "65536", "--max-running-requests", "8", cuda_graph_max_bs_flag(), "8")
 CHAT = [{"role": "user", "content": "Write a Python function that tells whether a number is prime."}]
 REQUESTS = (
     ("chat, greedy", "/v1/chat/completions", {"messages": CHAT, "temperature": 0}),

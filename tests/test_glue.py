@@ -156,6 +156,13 @@ def test_release_numbers(version, parsed):
     assert versions.release(version) == parsed
 
 
+@pytest.mark.parametrize("version, flag", [("0.5.17", "--cuda-graph-max-bs"), ("0.5.19", "--cuda-graph-max-bs"),
+                                           ("0.5.20", "--cuda-graph-max-bs-decode"),
+                                           ("0.5.23", "--cuda-graph-max-bs-decode")])
+def test_the_decode_graph_cap_flag_of_each_release(version, flag):
+    assert versions.cuda_graph_max_bs_flag(version) == flag
+
+
 def test_settings_read_what_sglang_resolved():
     """A record from the command line, resolved as a launcher does it: its settings say what SGLang decided (from
     0.5.19 the record itself keeps the raw input: steps None)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The glue, config and plugin tests on every served SGLang release besides the one the main suite ran on (CPU only).
+# The glue, config, plugin and demo tests on every served SGLang release besides the one the main suite ran on (CPU only).
 #   bash tools/sglang_lanes.sh [VERSION ...]     default: 0.5.18 ... 0.5.23
 # Each release runs with a torch it can import: 0.5.18 / 0.5.19 (which pin torch 2.13) beside the main suite's
 # torch 2.11 and transformers 5.12.1 (their own pins), 0.5.20 ... 0.5.23 in a virtual environment of SGLang 0.5.23's
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 cache=${SGL_LANES_CACHE:-$HOME/.cache/sgl-lanes}
 lanes=("${@:-0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 0.5.23}")
 read -r -a lanes <<<"${lanes[*]}"
-tests=(tests/test_glue.py tests/test_plugin.py tests/test_worker.py tests/test_verify_glue.py)
+tests=(tests/test_glue.py tests/test_plugin.py tests/test_worker.py tests/test_verify_glue.py tests/test_demo.py)
 newest=0.5.23
 mkdir -p "$cache"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1

@@ -49,3 +49,10 @@ def check_supported(version: str | None = None) -> None:
             f"EAGLE_TRITON cannot run here: {reason}. Install a served release, e.g. "
             f"pip install 'sglang>={SUPPORTED_RANGE[0]},<={SUPPORTED_RANGE[1]}' (GPU-tested: {', '.join(GPU_TESTED)}), "
             "or a sgl-eagle-triton release made for this SGLang.")
+
+
+def cuda_graph_max_bs_flag(version: str | None = None) -> str:
+    """The flag that caps the decode CUDA graphs' batch size on ``version`` (default: the installed SGLang):
+    ``--cuda-graph-max-bs`` up to 0.5.19; 0.5.20 keeps only ``--cuda-graph-max-bs-decode`` / ``-prefill``."""
+    return "--cuda-graph-max-bs" if release(installed() if version is None else version) < (0, 5, 20) \
+        else "--cuda-graph-max-bs-decode"
