@@ -199,3 +199,12 @@ def test_the_refusals_above_come_from_the_checks(monkeypatch):
     monkeypatch.setattr(call_sites, "SIGNATURES", ())
     monkeypatch.setattr(hooks, "HOOKS", {})
     assert call_sites.glue_problems({}, CLASSES) == []
+
+
+def test_the_algorithm_name_in_any_letter_case_is_ours():
+    """SGLang matches algorithm names case-insensitively, and from 0.5.19 a record keeps the name as typed: the hooks
+    that act for EAGLE_TRITON servers only must recognise ``eagle_triton`` too."""
+    assert config.is_ours(SimpleNamespace(speculative_algorithm="eagle_triton"))
+    assert config.is_ours(SimpleNamespace(speculative_algorithm="EAGLE_TRITON"))
+    assert not config.is_ours(SimpleNamespace(speculative_algorithm="EAGLE3"))
+    assert not config.is_ours(SimpleNamespace(speculative_algorithm=None))
