@@ -15,6 +15,7 @@ reads server args through :func:`sgl_eagle_triton.glue.args.settings`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -324,29 +325,44 @@ def _adaptive_config(sa) -> dict:
 def adaptive_tree(sa, steps: int) -> tuple[int, int]:
     """``(topk, draft tokens)`` of the adaptive candidate of ``steps``: the server's topk and steps + 1 for chains
     and steps 0, else the config file's ``"eagle_triton_draft_tokens"`` entry (``n`` at the server's topk, or a
-    narrower ``[k, n]``) as :func:`handle_server_args` read it at start (:data:`ADAPTIVE_TREES_ENV`)."""
+    narrower ``[k, n]``) as :func:`handle_server_args` read it at start (:data:`ADAPTIVE_TREES_ENV`; a process
+    that did not inherit it, e.g. a scheduler started by Ray, reads the file again)."""
     topk = glue_args.settings(sa).speculative_eagle_topk or 1
     if steps == 0 or topk == 1:
         return topk, steps + 1
-    return _resolved_trees()[steps]
+    return _resolved_trees(sa)[steps]
 
 
-def _resolved_trees() -> dict[int, tuple[int, int]]:
+def _resolved_trees(sa) -> dict[int, tuple[int, int]]:
     trees = os.environ.get(ADAPTIVE_TREES_ENV)
     if trees is None:
-        raise RuntimeError(f"{ALGORITHM_NAME}: {ADAPTIVE_TREES_ENV} is unset in this process: the adaptive tree "
-                           "candidates are resolved at server start (config.handle_server_args)")
+        trees = os.environ[ADAPTIVE_TREES_ENV] = json.dumps(_trees_from_config(glue_args.settings(sa)))
+    return _parsed_trees(trees)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_trees(trees: str) -> dict[int, tuple[int, int]]:
     return {int(s): tuple(kn) for s, kn in json.loads(trees).items()}
+
+
+def _trees_from_config(sa) -> dict[str, list[int]]:
+    """``{"<steps>": [topk, draft tokens]}`` of every adaptive candidate, from ``sa``'s config file (validated at
+    start by :func:`_check_adaptive_trees`)."""
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+    given, topk = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY], sa.speculative_eagle_topk
+    return {str(s): list(_tree_entry(given[str(s)], topk, "") if s else (topk, 1))
+            for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
 
 
 def adaptive_max_draft_tokens(sa) -> int | None:
     """The widest per-request KV and buffer rows of any adaptive candidate, max over candidates of max(steps * topk,
     draft tokens) (tree candidates; None for anything else: SGLang's own answer stands)."""
     cfg = glue_args.settings(sa)
-    if not cfg.speculative_adaptive or (cfg.speculative_eagle_topk or 1) == 1 or ADAPTIVE_TREES_ENV not in os.environ:
+    if not cfg.speculative_adaptive or (cfg.speculative_eagle_topk or 1) == 1:
         return None
     topk = cfg.speculative_eagle_topk
-    return max(max(s * topk, n) for s, (_, n) in _resolved_trees().items())
+    return max(max(s * topk, n) for s, (_, n) in _resolved_trees(sa).items())
 
 
 def adaptive_policy(sa) -> str:
@@ -364,7 +380,7 @@ def stock_adaptive_reason(sa, original=None) -> str | None:
 
         original = adaptive_spec_params.adaptive_unsupported_reason
     # topk 1: EAGLE_TRITON's tree candidates are checked by _check_adaptive_trees
-    return original(glue_args.Overlay(sa, speculative_algorithm="EAGLE3", speculative_eagle_topk=1))
+    return original(glue_args.with_fields(sa, speculative_algorithm="EAGLE3", speculative_eagle_topk=1))
 
 
 def adaptive_reason(original, server_args, *args, **kwargs):
@@ -592,14 +608,11 @@ def _resolve_adaptive_trees(sa) -> None:
     KV and buffer rows of the widest candidate (:func:`adaptive_max_draft_tokens`: SGLang's
     ``get_alloc_len_per_decode`` takes the initial step count's steps * topk and that), which SGLang up to 0.5.18
     reads from the server args and later releases ask the algorithm for (``EagleTritonSpecAlgo``)."""
-    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
-
-    given, topk = _adaptive_config(sa)[ADAPTIVE_DRAFT_TOKENS_KEY], sa.speculative_eagle_topk
-    trees = {s: _tree_entry(given[str(s)], topk, "") if s else (topk, 1)
-             for s in resolve_candidate_steps_from_config(sa.speculative_adaptive_config)}
-    os.environ[ADAPTIVE_TREES_ENV] = json.dumps({str(s): list(kn) for s, kn in trees.items()})
-    sa.speculative_num_draft_tokens = trees[sa.speculative_num_steps][1]
-    glue_args.set_max_draft_tokens(sa, max(max(s * topk, n) for s, (_, n) in trees.items()))
+    trees = _trees_from_config(sa)
+    os.environ[ADAPTIVE_TREES_ENV] = json.dumps(trees)
+    sa.speculative_num_draft_tokens = trees[str(sa.speculative_num_steps)][1]
+    topk = sa.speculative_eagle_topk
+    glue_args.set_max_draft_tokens(sa, max(max(int(s) * topk, n) for s, (_, n) in trees.items()))
 
 
 def handle_server_args(sa) -> None:

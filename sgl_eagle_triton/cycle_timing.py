@@ -39,6 +39,7 @@ import re
 import time
 from collections import deque
 
+from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.hooks import tp_rank_of
 
 logger = logging.getLogger(__name__)
@@ -160,7 +161,8 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
     def timed(self, batch, *args, **kwargs):
         timing = self.__dict__.get("_cycle_timing")
         if timing is None:
-            name = str(getattr(getattr(self, "server_args", None), "speculative_algorithm", None) or "EAGLE")
+            sa = getattr(self, "server_args", None)
+            name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or "EAGLE")
             timing = self._cycle_timing = make_timing(every, rank=tp_rank_of(self), name=name,
                                                       profile_top=profile_top)
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:

@@ -119,6 +119,17 @@ def test_a_keyword_sglang_starts_passing_that_our_replacement_lacks_refuses_to_s
         _check()
 
 
+def test_a_parameter_sglang_passes_by_a_new_name_refuses_to_start(monkeypatch):
+    """SGLang calls verify_tree_greedy_func with keywords: a renamed parameter our replacement lacks is refused."""
+    def renamed(predict, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                retrieve_next_sibling, target_predict, topk=-1):
+        return None
+
+    monkeypatch.setattr(eagle_utils, "verify_tree_greedy_func", renamed)
+    assert any(p.endswith("eagle_utils.verify_tree_greedy_func does not take predict")
+               for p in call_sites.glue_problems(worker.REPLACEMENTS, CLASSES))
+
+
 def test_an_override_that_drops_a_keyword_sglang_passes_refuses_to_start(monkeypatch):
     """As 0.5.22's forward_batch_generation passes kv_loc_plan= to _draft_extend_for_decode."""
     def extend(self, batch, batch_result, *, kv_loc_plan=None, fused_plan=None):
@@ -179,6 +190,9 @@ def test_settings_read_what_sglang_resolved():
     assert (view.speculative_num_steps, view.speculative_eagle_topk, view.speculative_num_draft_tokens) == (3, 1, 4)
     assert args.Overlay(record, speculative_eagle_topk=7).speculative_eagle_topk == 7
     assert args.Overlay(record).speculative_num_steps == 3
+    other = args.with_fields(record, speculative_eagle_topk=7)  # up to 0.5.18 a copy, its declarations kept
+    assert (other.speculative_eagle_topk, other.speculative_num_steps) == (7, 3)
+    assert args.settings(record).speculative_eagle_topk == 1
 
 
 def test_the_refusals_above_come_from_the_checks(monkeypatch):

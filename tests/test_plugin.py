@@ -6,6 +6,7 @@ separately).
 """
 
 import json
+import os
 import pickle
 import re
 from importlib.metadata import entry_points
@@ -303,9 +304,14 @@ def test_adaptive_tree_candidates_take_their_draft_tokens_from_the_config(tmp_pa
     assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (3, 8, 8)
     assert sa.max_speculative_num_draft_tokens == 5 * 8  # 5 levels of 8 candidates each get KV slots
     assert [config.adaptive_tree(sa, s) for s in (0, 1, 3, 5)] == [(8, 1), (8, 2), (8, 8), (8, 32)]
-    cfg.rename(tmp_path / "gone.json")  # read once at start: the server args carry them to every process
+    # read once at start: the environment every process of the server inherits carries them (the file may be gone)
+    assert json.loads(os.environ[config.ADAPTIVE_TREES_ENV]) == {"0": [8, 1], "1": [8, 2], "3": [8, 8], "5": [8, 32]}
+    cfg.rename(tmp_path / "gone.json")
     assert [config.adaptive_tree(pickle.loads(pickle.dumps(sa.record)), s)[1] for s in (1, 3, 5)] == [2, 8, 32]
     (tmp_path / "gone.json").rename(cfg)
+    monkeypatch.delenv(config.ADAPTIVE_TREES_ENV)  # a process that did not inherit it (e.g. a Ray actor) reads the file
+    assert [config.adaptive_tree(sa.record, s)[1] for s in (1, 3, 5)] == [2, 8, 32]
+    assert os.environ[config.ADAPTIVE_TREES_ENV]
     assert _args(*flags, "--speculative-num-steps", "5").speculative_num_draft_tokens == 32
     assert _args("--speculative-adaptive").max_speculative_num_draft_tokens == 8  # chains: SGLang's own sizing
     cfg.write_text(json.dumps({**trees, config.ADAPTIVE_DRAFT_TOKENS_KEY: {"1": 2, "3": 8, "5": 32},

@@ -82,6 +82,23 @@ class Overlay:
         raise AttributeError("Overlay is read-only")
 
 
+def with_fields(server_args, **fields):
+    """``server_args`` read with ``fields`` in place, for asking SGLang how it would judge other settings: up to 0.5.18,
+    during resolution, a shallow copy of the object with the fields set (SGLang's views still see its pending
+    declarations); otherwise an :class:`Overlay` of the resolved settings."""
+    if not resolves_once():
+        import copy
+
+        copied = copy.copy(target(server_args))
+        try:
+            for name, value in fields.items():
+                setattr(copied, name, value)
+            return copied
+        except AttributeError:  # a record already resolved is read-only (only during resolution may it change)
+            pass
+    return Overlay(server_args, **fields)
+
+
 def _takes_an_argument(fn) -> bool:
     return bool(inspect.signature(fn).parameters)
 

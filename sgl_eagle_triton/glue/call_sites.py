@@ -98,20 +98,21 @@ SIGNATURES = (
 
 
 def accepts_every_parameter(ours, theirs) -> list[str]:
-    """The parameters of SGLang's ``theirs`` that our replacement or override ``ours`` cannot be called with."""
+    """The parameters of SGLang's ``theirs`` that our replacement or override ``ours`` cannot be called with. SGLang
+    passes most by keyword, so a named parameter must exist by name in ours (or ours takes ``**kwargs``); a
+    positional-only one needs a position (or ``*args``)."""
     mine = _parameters(ours)
-    if any(p.kind is p.VAR_KEYWORD for p in mine):
-        names = None  # **kwargs takes any keyword
-    else:
-        names = {p.name for p in mine}
+    names = None if any(p.kind is p.VAR_KEYWORD for p in mine) else {p.name for p in mine}
     positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in mine)
     varargs = any(p.kind is p.VAR_POSITIONAL for p in mine)
     missing = []
     for i, p in enumerate(_parameters(theirs)):
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        by_position = p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and (varargs or i < positional))
-        if not by_position and names is not None and p.name not in names:
+        if p.kind is p.POSITIONAL_ONLY:
+            if not (varargs or i < positional):
+                missing.append(p.name)
+        elif names is not None and p.name not in names:
             missing.append(p.name)
     return missing
 

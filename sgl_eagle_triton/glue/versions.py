@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from importlib import metadata
 
 # Inclusive range of SGLang releases the glue is written and checked for (pyproject.toml's dependency says the same)
@@ -18,7 +19,11 @@ class UnsupportedSGLangError(RuntimeError):
 
 
 def installed() -> str:
-    """The installed SGLang's version string (its distribution metadata; ``"none"`` without one)."""
+    """The installed SGLang's version string: the imported module's ``__version__`` once SGLang is imported (what
+    runs), else its distribution metadata (no import: the launcher's config reads this); ``"none"`` without either."""
+    module = sys.modules.get("sglang")
+    if getattr(module, "__version__", None):
+        return module.__version__
     try:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
