@@ -173,12 +173,12 @@ def register() -> None:
                        config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))
     if get_spec(ALGORITHM_NAME) is not None:
         return
-    served = versions.unsupported_reason() is None
+    unserved = versions.unsupported_reason()
+    served = unserved is None
     if served:  # outside the served releases no hook is applied: the algorithm is registered only to refuse
         _register_hooks()
     else:
-        logger.warning("%s: %s; a server asking for it is refused at start", ALGORITHM_NAME,
-                       versions.unsupported_reason())
+        logger.warning("%s: %s; a server asking for it is refused at start", ALGORITHM_NAME, unserved)
     SpeculativeAlgorithm.register(
         ALGORITHM_NAME,
         supports_overlap=True,

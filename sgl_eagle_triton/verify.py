@@ -34,6 +34,7 @@ from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 from sgl_eagle_triton import ALGORITHM_NAME
 from sgl_eagle_triton.glue import call_sites as glue
+from sgl_eagle_triton.glue.hooks import global_tp_group
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_rows import start_up_chains, verify_outputs
@@ -93,9 +94,13 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_targ
     SGLang adds (0.5.20: UNO's top-k, another algorithm's; 0.5.22: a watermark, refused at start) go to SGLang's own
     greedy path when set; the sampled path serves them unset only. A keyword SGLang starts passing beyond these
     refuses the server at start (glue.check_glue matches this signature against SGLang's)."""
-    extra = {k: v for k, v in (("uno_target_max_top_k", uno_target_max_top_k), ("watermark_state", watermark_state),
-                               ("watermark_full_mask", watermark_full_mask))
-             if v is not (True if k == "watermark_full_mask" else None)}
+    extra = {}  # the new keywords SGLang set away from their defaults (an older SGLang's eagle_sample lacks them)
+    if uno_target_max_top_k is not None:
+        extra["uno_target_max_top_k"] = uno_target_max_top_k
+    if watermark_state is not None:
+        extra["watermark_state"] = watermark_state
+    if watermark_full_mask is not True:
+        extra["watermark_full_mask"] = watermark_full_mask
     info = batch.sampling_info
     if batch.forward_mode.is_idle() or info.is_all_greedy:
         return glue.sglang_eagle_sample()(verify_input, batch, logits_output, grammar_mask, **extra)
@@ -170,7 +175,7 @@ def agree_with_rank_0(*tensors) -> None:
     (a broadcast of its predicts, accept index and accepted counts over the TP group): the ranks' target
     probabilities may differ in their last bits, and ranks that accepted differently would part (and hang in their
     next collective). Greedy verification needs none: every rank argmaxes the same all-gathered logits."""
-    group = glue.tp_group(None)  # None in a process without SGLang's parallel groups (one GPU, CPU tests)
+    group = global_tp_group()  # None in a process without SGLang's parallel groups (one GPU, CPU tests)
     if group is not None and group.world_size > 1:
         for t in tensors:
             group.broadcast(t, src=0)

@@ -14,6 +14,7 @@ Nothing here imports SGLang at module import (the launcher imports config, which
 
 from __future__ import annotations
 
+import functools
 import inspect
 from functools import cache
 
@@ -128,12 +129,13 @@ def published_page_size() -> int:
     return get_schedule().page_size or 1
 
 
+@cache
 def keeps_max_draft_tokens_on_the_record() -> bool:
     """Whether SGLang reads the widest per-request draft width from ``ServerArgs.max_speculative_num_draft_tokens``
     (a cached property of the record, up to 0.5.18), which a plugin sets by storing the value in the instance; from
     0.5.19 it asks the algorithm (``resolve_max_speculative_num_draft_tokens``)."""
-    return isinstance(getattr(_server_args_class(), "max_speculative_num_draft_tokens", None), property) or hasattr(
-        getattr(_server_args_class(), "max_speculative_num_draft_tokens", None), "func")
+    return isinstance(getattr(_server_args_class(), "max_speculative_num_draft_tokens", None),
+                      (property, functools.cached_property))
 
 
 def max_draft_tokens(server_args) -> int | None:

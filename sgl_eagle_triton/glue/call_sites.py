@@ -30,7 +30,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton.glue import versions
-from sgl_eagle_triton.glue.hooks import hook_problems, signature_problem
+from sgl_eagle_triton.glue.hooks import global_tp_group, hook_problems, signature_problem
 from sgl_eagle_triton.glue.hooks import parameters as _parameters
 
 # SGLang names our code uses without wrapping a caller (checked to exist).
@@ -183,7 +183,7 @@ def glue_problems(replacements: dict | None = None, classes=()) -> list[str]:
     for key, ours in (replacements or {}).items():
         module, name = REBOUND[key]
         theirs = getattr(module, name, None)
-        missing = [] if theirs is None or isinstance(theirs, type) else accepts_every_parameter(ours, theirs)
+        missing = [] if theirs is None else accepts_every_parameter(ours, theirs)  # a missing name: reported above
         if missing:
             problems.append(f"our replacement of {module.__name__}.{name} does not take {', '.join(missing)}")
     for cls in classes:
@@ -294,11 +294,7 @@ def tp_group(draft_runner):
     to 0.5.21; from 0.5.22 runners keep none and the group is SGLang's global one (``parallel_state.get_tp_group``);
     None outside SGLang's distributed setup (CPU tests)."""
     group = getattr(draft_runner, "tp_group", None)
-    if group is not None:
-        return group
-    from sglang.srt.distributed import parallel_state
-
-    return parallel_state._TP  # None before SGLang initialised its groups
+    return group if group is not None else global_tp_group()
 
 
 def graph_capture():

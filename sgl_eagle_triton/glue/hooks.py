@@ -127,13 +127,19 @@ def wrap_eagle_forward(wrap, marker: str) -> bool:
     return True
 
 
+def global_tp_group():
+    """SGLang's process-wide tensor-parallel group (``parallel_state._TP``, a ``GroupCoordinator``); None before SGLang
+    initialised its groups (a process without them: CPU tests)."""
+    from sglang.srt.distributed import parallel_state
+
+    return parallel_state._TP
+
+
 def tp_rank_of(worker) -> int:
     """The tensor-parallel rank an SGLang worker runs on: its ``ps.tp_rank`` up to 0.5.20; from 0.5.21 workers keep no
     ``ps`` and the rank is SGLang's TP group's (0 outside SGLang's distributed setup)."""
     rank = getattr(getattr(worker, "ps", None), "tp_rank", None)
     if rank is not None:
         return rank
-    from sglang.srt.distributed import parallel_state
-
-    group = parallel_state._TP
+    group = global_tp_group()
     return group.rank_in_group if group is not None else 0

@@ -1,4 +1,5 @@
-"""The SGLang releases this wheel serves, and the refusal outside them (no SGLang import: read from its metadata)."""
+"""The SGLang releases this wheel serves, and the refusal outside them (imports no SGLang: the version of the imported
+module where there is one, else the distribution's metadata)."""
 
 from __future__ import annotations
 
