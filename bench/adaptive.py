@@ -20,8 +20,8 @@ tree's depth + 1; token mode ``fixed``). Rows say so: ``acceptance`` is ``"simul
 It is a depth-only model (a chain of 3 accepts as much as a tree of 5 levels up to 4 tokens): it prices each
 shape's cost, not its tree's extra acceptance. ``--acceptance-profile`` runs every server (stock ones too) under
 the tree-aware model of :mod:`sgl_eagle_triton.simulated_acceptance` instead (label ``"simulated:<profile>"``);
-``--real-pair`` serves the trained tiny pair (tests/assets/tiny-code-v1) on the code prompts with its real
-acceptance instead (label ``"real:tiny-code-v1"``).
+``--real-pair`` serves the trained tiny pair (``sgl_eagle_triton.devtools.TRAINED_PAIR``, tiny-code-v1) on the code
+prompts with its real acceptance instead (label ``"real:tiny-code-v1"``).
 
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there);
@@ -75,11 +75,11 @@ from bench.serve import (
     verify_attention,
     write_models,
 )
-from sgl_eagle_triton.launcher import Server, exit_on_sigterm
-from sgl_eagle_triton.testing import CODE_PROMPTS
+from sgl_eagle_triton.devtools import TRAINED_PAIR  # real acceptance (about 2 tokens per verify)
+from sgl_eagle_triton.devtools.launcher import Server, exit_on_sigterm
+from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAINED_PAIR = ROOT / "tests" / "assets" / "tiny-code-v1"  # real acceptance (about 2 tokens per verify)
 SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "nospec": (None, None),
     "eagle3": ("EAGLE3", None),

@@ -35,11 +35,11 @@ import torch.nn.functional as F
 import triton
 
 from bench.kernels import gpu_run_setup
+from sgl_eagle_triton.devtools.testing import draft_shard, random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.kernels.linear import epilogue, linear
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
-from sgl_eagle_triton.testing import draft_shard, random_batch, random_draft
 
 DIMS = dict(H=4096, Hq=32, Hkv=8, D=128, inter=14336, vocab=128256, draft_vocab=32000)
 CONFIGS = [(5, 8, 32), (3, 1, 4), (8, 8, 64)]  # (steps, topk, draft tokens)

@@ -20,6 +20,8 @@ import torch
 import triton
 
 from sgl_eagle_triton import simulated_acceptance
+from sgl_eagle_triton.devtools.reference.embed_shard import embed_shard as embed_shard_torch
+from sgl_eagle_triton.devtools.testing import draft_tree, random_tree_mask
 from sgl_eagle_triton.kernels import (
     build_tree,
     embed_shard,
@@ -29,8 +31,6 @@ from sgl_eagle_triton.kernels import (
     verify_attention,
     verify_greedy,
 )
-from sgl_eagle_triton.reference.embed_shard import embed_shard as embed_shard_torch
-from sgl_eagle_triton.testing import draft_tree, random_tree_mask
 
 CONFIGS = [(5, 1, 6), (5, 4, 16), (5, 8, 32), (8, 8, 64)]  # (steps, topk, draft tokens)
 BATCHES = [1, 8, 32, 64]

@@ -3,7 +3,8 @@
 Why: ``tests/lossless.py`` accepts a speculative output that differs from the no-spec one if, at the first
 difference, it took a token no-spec rates at most ``TIE_MARGIN`` below its top-1 (among its 8 best). That bound
 must cover what legitimate kernel arithmetic (verify vs decode shapes, tiling, split-KV) does to the margin; this
-measures it for ``tests/assets/tiny-code-v1/target`` on ``CODE_PROMPTS`` (tokeniser defaults: BOS prepended).
+measures it for the trained tiny pair's target (``sgl_eagle_triton/devtools/assets/tiny-code-v1/target``) on
+``CODE_PROMPTS`` (tokeniser defaults: BOS prepended).
 
 Path A: greedy decode, prompt prefill then one token per step with a bf16 KV cache, exact attention (fp32 softmax,
 fp32 P@V). Each variant re-runs A's tokens teacher-forced in one full-sequence (prefill-shape) forward, so all
@@ -32,10 +33,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from sgl_eagle_triton.testing import CODE_PROMPTS
+from sgl_eagle_triton.devtools import TRAINED_PAIR
+from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "tests/assets/tiny-code-v1/target"
+TARGET = TRAINED_PAIR / "target"
 BF = torch.bfloat16
 TOL = 1e-4  # margins are multiples of 1/16 (bf16 logits) up to fp32 rounding
 BUCKETS = ((0, 0), (0.0625, 0.125), (0.1875, 0.25), (0.3125, 0.3125), (0.375, 0.5), (0.5625, math.inf))
@@ -198,7 +200,7 @@ def run(n_prompts=16, new_tokens=128, model=None):
             mA, shift, dV = margins(lpA, model.teacher_forced(ids, out, ar))
             per[n].append((shift, dV))
         mAs.append(mA)
-    head = {"model": str(TARGET.relative_to(ROOT)), "prompts": n_prompts, "new_tokens": new_tokens,
+    head = {"model": TARGET.relative_to(TARGET.parents[4]).as_posix(), "prompts": n_prompts, "new_tokens": new_tokens,
             "positions": n_prompts * new_tokens, "date": datetime.date.today().isoformat(), "device": "cpu",
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "arith": {n: asdict(a) for n, a in VARIANTS.items()}}

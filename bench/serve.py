@@ -12,7 +12,7 @@
 On a GPU host, from the repository root: Llama-3.1-8B target shapes served with ``--load-format dummy``,
 and an EAGLE-3 draft checkpoint of the real shape with random weights written here first (dummy init would
 leave its d2t map meaningless), all systems with the same attention backend, each server started by
-:class:`sgl_eagle_triton.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone, or with
+:class:`sgl_eagle_triton.devtools.launcher.Server` (log: ``<workdir>/<server>.log``). Each server runs alone, or with
 ``--interleave`` all at once, each batch measured twice (``--repeats``) per server in alternating order
 (:mod:`bench.interleave`: host-bound cycles, e.g. small batches under ``--tp``, moved with the order of the servers);
 rows are merged into ``--out`` so a long sweep can span several calls.
@@ -68,7 +68,7 @@ from bench.interleave import (
 from bench.trace_breakdown import load_trace, stage_times
 from sgl_eagle_triton.config import EXPERIMENTAL_TP_ENV, TESTED_TP_SIZES, VERIFY_ATTENTION_IN_USE
 from sgl_eagle_triton.cycle_timing import parse_summaries
-from sgl_eagle_triton.launcher import Client, Server, exit_on_sigterm
+from sgl_eagle_triton.devtools.launcher import Client, Server, exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 

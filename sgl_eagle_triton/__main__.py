@@ -1,6 +1,6 @@
 """``python -m sgl_eagle_triton demo [--port N] [--keep] [--model-path T --draft-model-path D]``.
 
-See :mod:`sgl_eagle_triton.demo`.
+See :mod:`sgl_eagle_triton.devtools.demo`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_eagle_triton import demo
+from sgl_eagle_triton.devtools import demo
 
 
 def main(argv: list[str] | None = None) -> int:

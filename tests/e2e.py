@@ -1,7 +1,8 @@
 """What the end-to-end tests share (tests/test_e2e_server.py, test_e2e_deploy.py, test_load_fault.py): the flags
-of every test server, :func:`e2e_server`, which starts one through :class:`sgl_eagle_triton.launcher.Server`, the
-code prompts and the request patterns sent to each server (:func:`serve_all`), and the tie-aware comparison of
-a speculative server's greedy outputs with no speculation's (:func:`verdicts`)."""
+of every test server, :func:`e2e_server`, which starts one through
+:class:`sgl_eagle_triton.devtools.launcher.Server`, the code prompts and the request patterns sent to each server
+(:func:`serve_all`), and the tie-aware comparison of a speculative server's greedy outputs with no speculation's
+(:func:`verdicts`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 import torch
 
 from sgl_eagle_triton import config
-from sgl_eagle_triton.launcher import Server
-from sgl_eagle_triton.testing import CODE_PROMPTS
+from sgl_eagle_triton.devtools.launcher import Server
+from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 from tests.lossless import (
     CONTROL_CEILING,
     TIE_MARGIN,

@@ -1,4 +1,4 @@
-"""A stand-in for :class:`sgl_eagle_triton.launcher.Server` in the benchmarks' CPU tests: records what a sweep
+"""A stand-in for :class:`sgl_eagle_triton.devtools.launcher.Server` in the benchmarks' CPU tests: records what a sweep
 starts (its flags), waits for and stops, in order."""
 
 

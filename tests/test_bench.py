@@ -67,8 +67,8 @@ def test_one_rank_of_the_drafter_runs_with_local_stand_ins_for_the_collectives(d
     that returns its input and an all-gather of N copies; the draft runs and its LM head merges N parts."""
     import torch
 
+    from sgl_eagle_triton.devtools.testing import random_batch, random_draft
     from sgl_eagle_triton.drafter import FusedDrafter
-    from sgl_eagle_triton.testing import random_batch, random_draft
 
     w, gen = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
     local, parallel, heads = drafter.rank_weights(w, 2)
@@ -89,7 +89,7 @@ def test_one_rank_of_the_drafter_runs_with_local_stand_ins_for_the_collectives(d
 def test_every_per_op_case_runs_on_the_ranks_shapes(device, tp):
     """``bench.drafter``'s per-op cases (ours and cuBLAS + torch) on a small draft, whole and as rank 0 of 2 (its
     o_proj takes the rank's attention columns; its LM head is a shard top-k + merge)."""
-    from sgl_eagle_triton.testing import random_draft
+    from sgl_eagle_triton.devtools.testing import random_draft
 
     w, _ = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
     for ours, reference, weight in drafter.op_cases(w, 3, drafter.rank_weights(w, tp), device).values():

@@ -7,6 +7,7 @@ import pytest
 
 from bench import serve
 from tests.fake_server import ServerLog
+from tests.tiny_models import TRAINED_PAIR
 
 
 def row(system, batch, cycle, config=(5, 8, 32), draft_ms=None):
@@ -53,7 +54,7 @@ def test_server_args_capture_graphs_for_the_measured_batches():
     assert args[i + 1:i + 4] == ["1", "8", "32"] and args[args.index("--max-running-requests") + 1] == "32"
     from sglang.srt.server_args import prepare_server_args
 
-    sa = prepare_server_args(["--model-path", str(Path(__file__).parent / "assets/tiny-code-v1/target"), "--device",
+    sa = prepare_server_args(["--model-path", str(TRAINED_PAIR / "target"), "--device",
                               "cpu", *args[args.index("--cuda-graph-bs-decode"):]])
     assert sa.cuda_graph_config.decode.bs == [1, 8, 32] and sa.cuda_graph_config.prefill.backend == "disabled"
 

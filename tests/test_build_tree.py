@@ -6,9 +6,9 @@ from enum import IntEnum
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference import build_tree as reference
+from sgl_eagle_triton.devtools.testing import draft_tree
 from sgl_eagle_triton.kernels import build_tree as kernels
-from sgl_eagle_triton.reference import build_tree as reference
-from sgl_eagle_triton.testing import draft_tree
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 POISON = 12345  # never a valid position / index / link

@@ -1,7 +1,8 @@
-"""``python -m sgl_eagle_triton demo`` on the CPU: its arguments, its output from SGLang-shaped
-responses, and its whole run (models written, server started through sgl_eagle_triton.launcher,
-asked, stopped, folder removed) against tests/stub_sglang_server.py standing in for SGLang. The real
-server run is GPU-only (tests/test_e2e_server.py checks the log lines and metrics the demo reads)."""
+"""``python -m sgl_eagle_triton demo`` on the CPU: its arguments, its output from SGLang-shaped responses, and its
+whole run (the shipped trained pair or freshly written random models served, the server started through
+sgl_eagle_triton.devtools.launcher, asked, stopped, folder removed) against tests/stub_sglang_server.py standing in
+for SGLang. The real server run is GPU-only (tests/test_e2e_server.py checks the log lines and metrics the demo
+reads)."""
 
 import re
 import shutil
@@ -13,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sgl_eagle_triton import demo, launcher
 from sgl_eagle_triton.__main__ import main
+from sgl_eagle_triton.devtools import TRAINED_PAIR, demo, launcher
 
 STUB = Path(__file__).parent / "stub_sglang_server.py"
 
@@ -23,6 +24,9 @@ def test_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--model-path", "t"])
     assert "--model-path and --draft-model-path go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--random", "--model-path", "t", "--draft-model-path", "d"])
+    assert "--random and --model-path exclude each other" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["demo", "--max-tokens", "0"])
     with pytest.raises(SystemExit):
@@ -47,7 +51,7 @@ def test_server_command():
 
 def test_server_command_is_accepted_by_sglang_and_the_plugin(tmp_path, eagle_triton_args):
     from sgl_eagle_triton import config
-    from sgl_eagle_triton.tiny_models import write_random_pair
+    from sgl_eagle_triton.devtools.tiny_models import write_random_pair
 
     target, draft = write_random_pair(tmp_path)
     cmd = launcher.launch_command(str(target), demo.server_args(str(draft), tiny=True), 1234, nccl_port=1235)
@@ -72,6 +76,24 @@ def test_request_lines():
         "32 tokens in 10 verify steps: accept length 3.20 tokens/step, draft accept rate 0.31")
     completion = {"choices": [{"text": "x"}], "usage": {"completion_tokens": 7}}
     assert demo.answer_text(completion) == "x" and demo.request_stats(completion).startswith("7 tokens (")
+
+
+def test_acceptance_summary_counts_the_responses_with_meta_info():
+    def chat(tokens, verifies):
+        return {"choices": [{"message": {"content": ""}, "meta_info": {"spec_verify_ct": verifies}}],
+                "usage": {"completion_tokens": tokens}}
+
+    completion = {"choices": [{"text": ""}], "usage": {"completion_tokens": 99}}
+    assert demo.acceptance_summary([chat(48, 20), completion, chat(40, 24)]).startswith(
+        "Acceptance: 2.00 tokens per verify step on average (88 tokens in 44 verify steps over 2 requests")
+    assert "no response carried spec_verify_ct" in demo.acceptance_summary([completion])
+
+
+def test_default_pair_is_the_shipped_trained_pair():
+    assert demo.TRAINED_PAIR == TRAINED_PAIR
+    for name in ("target/config.json", "target/model.safetensors", "target/tokenizer.json",
+                 "eagle3/config.json", "eagle3/model.safetensors"):
+        assert (TRAINED_PAIR / name).is_file(), name
 
 
 def test_server_acceptance_lines():
@@ -129,26 +151,35 @@ def test_demo_runs_and_cleans_up(stub, capsys):
     assert main(["demo", "--max-tokens", "8", "--keep"]) == 0
     out = capsys.readouterr().out
     workdir = Path(re.search(r"^Kept (.+)$", out, re.M)[1])
-    assert f"Writing a tiny random Llama target + EAGLE-3 draft to {workdir}" in out
-    assert {p.name for p in workdir.iterdir()} == {"target", "eagle3", "server.log"}
+    assert f"Serving the trained tiny Llama target + EAGLE-3 draft in {TRAINED_PAIR}" in out
+    assert {p.name for p in workdir.iterdir()} == {"server.log"}
     assert "Server ready at http://127.0.0.1:" in out
     assert out.count("\n== chat") == 2 and out.count("\n== completion") == 2
     assert "A: def is_prime(n):?" in out
     assert "8 tokens in 4 verify steps: accept length 2.00 tokens/step" in out
     assert "/server_info internal_states[0].avg_spec_accept_length: 1.75" in out
     assert "80 / 40 = 2.00 tokens/step" in out and "sglang:spec_accept_length (last log interval): 2.50" in out
+    assert "\nAcceptance: 2.00 tokens per verify step on average (16 tokens in 8 verify steps over 2 requests" in out
+    assert "random weights" not in out
     assert "  EAGLE_TRITON (eagle3 draft" in out and "  EAGLE_TRITON: triton build_tree ran" in out
     assert "Server stopped." in out
     log = (workdir / "server.log").read_text()
-    assert log.splitlines()[0].startswith(f"{sys.executable} {STUB} --model-path {workdir / 'target'} ")
+    assert log.splitlines()[0].startswith(f"{sys.executable} {STUB} --model-path {TRAINED_PAIR / 'target'} ")
+    assert f"--speculative-draft-model-path {TRAINED_PAIR / 'eagle3'} " in log.splitlines()[0]
     assert "sglang.launch_server" not in log  # the stub ran, with the launcher's stdout/stderr redirection
     pids = re.search(r"^stub pid (\d+) child (\d+)$", log, re.M)
     assert _dead(int(pids[1])) and _dead(int(pids[2])), "the server's process group outlived the demo"
 
-    assert main(["demo", "--max-tokens", "8"]) == 0
-    workdir2 = Path(re.search(r"draft to (.+)$", capsys.readouterr().out, re.M)[1])
-    assert not workdir2.exists()
     shutil.rmtree(workdir)
+
+
+def test_demo_random_pair_is_written_and_removed(stub, capsys):
+    assert main(["demo", "--random", "--max-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    workdir = Path(re.search(r"draft to (.+)$", out, re.M)[1])
+    assert "Writing a tiny random Llama target + EAGLE-3 draft to" in out and "random weights" in out
+    assert "Acceptance: 2.00 tokens per verify step" in out and "Server stopped." in out
+    assert not workdir.exists()
 
 
 def test_demo_reports_a_server_that_fails_to_start(stub, capsys):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.draft_attention import draft_attention as draft_attention_ref
 from sgl_eagle_triton.kernels.draft_attention import draft_attention
-from sgl_eagle_triton.reference.draft_attention import draft_attention as draft_attention_ref
 
 PAD = -1  # a padded CUDA-graph request: req_pool_index 0, seq_len 1
 

@@ -1,12 +1,12 @@
 """Triton draft selection (``draft_select`` per step, ``draft_organize`` at the end) against SGLang's
-semantics restated in :mod:`sgl_eagle_triton.reference.draft_select`, on tie-free random draft outputs."""
+semantics restated in :mod:`sgl_eagle_triton.devtools.reference.draft_select`, on tie-free random draft outputs."""
 
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference import draft_select as ref
 from sgl_eagle_triton.kernels.draft_organize import draft_organize
 from sgl_eagle_triton.kernels.draft_select import draft_select
-from sgl_eagle_triton.reference import draft_select as ref
 
 
 def run_tree(device, bs, k, steps, n, vocab=1000, draft_vocab=300, seed=0):

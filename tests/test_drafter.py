@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from sgl_eagle_triton import drafter as drafter_module
+from sgl_eagle_triton.devtools.reference import drafter as ref
+from sgl_eagle_triton.devtools.testing import random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter
-from sgl_eagle_triton.reference import drafter as ref
-from sgl_eagle_triton.testing import random_batch, random_draft
 
 # (NEAR_TIE, PROB_RTOL, PROB_MEDIAN) per dtype, from kernel vs twin on the CPU (Triton interpreter), teacher-forced.
 # bf16, this file's cases x 3 seeds: the largest relative probability difference in a forward 0.093 (bf16 logit

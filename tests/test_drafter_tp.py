@@ -14,8 +14,8 @@ for the LM head (the all-gathers' widest tensor), never logits.
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.testing import draft_shard, random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter, TensorParallel, shard_layout_problems
-from sgl_eagle_triton.testing import draft_shard, random_batch, random_draft
 
 # Row-parallel sums round each rank's product before adding (SGLang's all-reduce of bf16 / fp16 outputs), one
 # rounding more than one GPU's. Measured on the CPU (interpreter), fp16, this file's cases: largest relative

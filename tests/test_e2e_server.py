@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sgl_eagle_triton.demo import kernel_lines, parse_metrics
+from sgl_eagle_triton.devtools.demo import kernel_lines, parse_metrics
 from tests.e2e import (
     ACCEPT_SHARE,
     CHAT_TOKENS,

@@ -4,8 +4,8 @@ rows, so equal bit for bit; the ranks' outputs summed give the whole embedding's
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.embed_shard import embed_shard as embed_shard_ref
 from sgl_eagle_triton.kernels.embed_shard import embed_shard
-from sgl_eagle_triton.reference.embed_shard import embed_shard as embed_shard_ref
 
 
 def _table(rows, H, dtype, seed):

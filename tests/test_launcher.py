@@ -1,4 +1,4 @@
-"""sgl_eagle_triton/launcher.py on the CPU, against tests/stub_sglang_server.py standing in for
+"""sgl_eagle_triton/devtools/launcher.py on the CPU, against tests/stub_sglang_server.py standing in for
 ``python -m sglang.launch_server``: the command line (ports), ready detection, a server that dies or
 never gets ready, stopping the whole process group, and the HTTP helpers' parsing (plain and streamed)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sgl_eagle_triton import launcher
-from sgl_eagle_triton.launcher import RequestError, Server, ServerError
+from sgl_eagle_triton.devtools import launcher
+from sgl_eagle_triton.devtools.launcher import RequestError, Server, ServerError
 from tests.stub_sglang_server import CHAT_PIECES, STREAM_GAP_S
 
 STUB = (sys.executable, str(Path(__file__).parent / "stub_sglang_server.py"))
@@ -178,7 +178,7 @@ def test_sigterm_runs_finally_blocks(tmp_path):
     import time
 
     marker = tmp_path / "stopped"
-    code = ("import sys, time\nfrom sgl_eagle_triton.launcher import exit_on_sigterm\n"
+    code = ("import sys, time\nfrom sgl_eagle_triton.devtools.launcher import exit_on_sigterm\n"
             "if sys.argv[1] == 'on': exit_on_sigterm()\n"
             # 'ready' inside the try: on a loaded host the signal once came between the print and the try
             f"try:\n    print('ready', flush=True)\n    time.sleep(60)\n"

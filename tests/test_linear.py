@@ -8,10 +8,10 @@ import pytest
 import torch
 import triton
 
+from sgl_eagle_triton.devtools.reference.linear import linear as linear_ref
 from sgl_eagle_triton.kernels.device import DeviceInfo, device_info, pipeline_budget, stage_bytes
 from sgl_eagle_triton.kernels.linear import _config, _num_stages, linear
 from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _tile_pass_config
-from sgl_eagle_triton.reference.linear import linear as linear_ref
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,9 +8,9 @@ and the indices must be identical. The CUDA-only Gaussian cases compare tie-awar
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.lm_head_topk import lm_head_input, lm_head_logits
+from sgl_eagle_triton.devtools.reference.lm_head_topk import lm_head_topk as lm_head_topk_ref
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk
-from sgl_eagle_triton.reference.lm_head_topk import lm_head_input, lm_head_logits
-from sgl_eagle_triton.reference.lm_head_topk import lm_head_topk as lm_head_topk_ref
 
 
 def lowest_bit(t: torch.Tensor) -> float:

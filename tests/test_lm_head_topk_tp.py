@@ -10,8 +10,8 @@ compare exactly.
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference import lm_head_topk as twin
 from sgl_eagle_triton.kernels.lm_head_topk import lm_head_topk, lm_head_topk_shard, merge_shards
-from sgl_eagle_triton.reference import lm_head_topk as twin
 from tests.test_lm_head_topk import make_case, row_errors
 
 

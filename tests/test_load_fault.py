@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from sgl_eagle_triton import config
-from sgl_eagle_triton.demo import parse_metrics
-from sgl_eagle_triton.launcher import Server
+from sgl_eagle_triton.devtools.demo import parse_metrics
+from sgl_eagle_triton.devtools.launcher import Server
 from tests.e2e import MIXED_DRAFT_TOKENS, TREE_RESERVED, adaptive_tree_flags, e2e_server, tensor_parallel
 from tests.load_mix import (
     ADAPTIVE_RESERVED,

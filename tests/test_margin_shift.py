@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.margin_shift import VARIANTS, Arith, TinyTarget, margins, markdown, summarize
-from sgl_eagle_triton.testing import CODE_PROMPTS
+from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 
 
 @pytest.fixture(scope="module")

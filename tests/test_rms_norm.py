@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.rms_norm import rms_norm as rms_norm_ref
 from sgl_eagle_triton.kernels.rms_norm import rms_norm
-from sgl_eagle_triton.reference.rms_norm import rms_norm as rms_norm_ref
 
 
 @pytest.mark.parametrize("M, K", [(1, 32), (3, 96), (40, 64), (256, 4096)])

@@ -21,12 +21,12 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from sgl_eagle_triton.devtools.reference import build_tree as build_tree_ref
+from sgl_eagle_triton.devtools.reference import target_probs as target_probs_ref
+from sgl_eagle_triton.devtools.reference import tree_sampling as tree_sampling_ref
 from sgl_eagle_triton.kernels import build_tree as build_tree_kernels
 from sgl_eagle_triton.kernels import target_probs as target_probs_kernels
 from sgl_eagle_triton.kernels import tree_sampling as tree_sampling_kernels
-from sgl_eagle_triton.reference import build_tree as build_tree_ref
-from sgl_eagle_triton.reference import target_probs as target_probs_ref
-from sgl_eagle_triton.reference import tree_sampling as tree_sampling_ref
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from sgl_eagle_triton import simulated_acceptance
+from sgl_eagle_triton.devtools.reference.simulated_walk import simulated_walk as simulated_walk_ref
 from sgl_eagle_triton.glue.call_sites import swapped
 from sgl_eagle_triton.kernels.simulated_walk import simulated_walk
-from sgl_eagle_triton.reference.simulated_walk import simulated_walk as simulated_walk_ref
 from tests import fake_sglang
 from tests.tree_cases import check_against_reference, make_tree, poisoned_outputs
 

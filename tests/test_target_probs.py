@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.target_probs import prepare_target_probs as prepare_target_probs_ref
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
-from sgl_eagle_triton.reference.target_probs import prepare_target_probs as prepare_target_probs_ref
 
 ALL = 1 << 30  # SGLang's top_k for "no top-k"
 TOP_KS = [1, 2, 5, 50, ALL]

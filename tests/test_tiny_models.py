@@ -1,4 +1,4 @@
-"""The random tiny checkpoints (sgl_eagle_triton/tiny_models.py) match the trained pair's layout, load
+"""The random tiny checkpoints (sgl_eagle_triton/devtools/tiny_models.py) match the trained pair's layout, load
 as SGLang reads them, and carry a tokenizer that covers every id."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-from sgl_eagle_triton import tiny_models
 from sgl_eagle_triton.config import resolve_draft_kind
+from sgl_eagle_triton.devtools import tiny_models
 from tests.tiny_models import TRAINED_PAIR
 
 

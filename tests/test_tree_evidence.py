@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.tree_evidence import tree_evidence as tree_evidence_ref
+from sgl_eagle_triton.devtools.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from sgl_eagle_triton.kernels.tree_evidence import tree_evidence
-from sgl_eagle_triton.reference.tree_evidence import tree_evidence as tree_evidence_ref
-from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from tests.test_verify_greedy import make_case
 from tests.tree_cases import poisoned_outputs
 

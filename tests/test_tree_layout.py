@@ -13,10 +13,10 @@ k > 1.
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference import build_tree as reference
+from sgl_eagle_triton.devtools.testing import draft_tree, random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter, in_tree_layout
 from sgl_eagle_triton.kernels import build_tree as kernels
-from sgl_eagle_triton.reference import build_tree as reference
-from sgl_eagle_triton.testing import draft_tree, random_batch, random_draft
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 # (k, K, steps, n): chains and narrow trees inside wider servers; one level; n at its largest for k

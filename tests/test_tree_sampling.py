@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.tree_sampling import tree_speculative_sampling as tree_speculative_sampling_ref
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
-from sgl_eagle_triton.reference.tree_sampling import tree_speculative_sampling as tree_speculative_sampling_ref
 from tests.tree_cases import (
     assert_same_outputs,
     check_against_reference,

@@ -12,9 +12,9 @@ kernel within bf16 rounding (SGLang's kernel cannot run under the interpreter).
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.verify_attention import verify_attention as verify_attention_ref
+from sgl_eagle_triton.devtools.testing import random_tree_mask
 from sgl_eagle_triton.kernels.verify_attention import verify_attention
-from sgl_eagle_triton.reference.verify_attention import verify_attention as verify_attention_ref
-from sgl_eagle_triton.testing import random_tree_mask
 
 # (bs, prefix lengths or None for random, draft tokens per request, Hq, Hkv, D, masked)
 CASES = [

@@ -8,10 +8,10 @@ import torch
 from sglang.srt.speculative import eagle_utils
 
 from sgl_eagle_triton import verify
+from sgl_eagle_triton.devtools.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from sgl_eagle_triton.glue.call_sites import swapped
 from sgl_eagle_triton.kernels.target_probs import prepare_target_probs
 from sgl_eagle_triton.kernels.tree_sampling import tree_speculative_sampling
-from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from tests import fake_sglang
 
 BS, N, STEPS, VOCAB = 2, 4, 2, 64

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
+from sgl_eagle_triton.devtools.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
-from sgl_eagle_triton.reference.verify_greedy import verify_tree_greedy as verify_tree_greedy_ref
 from tests.tree_cases import (
     assert_same_outputs,
     check_against_reference,

@@ -13,9 +13,9 @@ from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton import config, plugin, verify, worker
+from sgl_eagle_triton.devtools.testing import random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
 from sgl_eagle_triton.glue.hooks import HOOKS
-from sgl_eagle_triton.testing import random_batch, random_draft
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
 from tests.sglang_compat import adaptive_trees, published

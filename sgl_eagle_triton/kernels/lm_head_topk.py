@@ -208,7 +208,7 @@ def lm_head_topk(
 
     Logits are ``rnd(z @ weight.T)`` summed in fp32 (SGLang's 16-bit GEMM), ``p = softmax(logits)``
     in fp32. Returns ``(topk_p, topk_index)`` ranked by logit (so by ``p``), the lower id first on equal
-    logits; ``sgl_eagle_triton.reference.lm_head_topk`` spells it out.
+    logits; ``sgl_eagle_triton.devtools.reference.lm_head_topk`` spells it out.
 
     V and H are compile-time constants (one compilation per model). CUDA-graph safe: grids depend on R, V
     and H only, no host sync; scratch of ``R * cdiv(V, 64) * (8 * topk + 4)`` bytes from ``torch.empty``.

@@ -3,7 +3,7 @@ at large batch x topk), and :func:`rstd`, the one RMSNorm rule of every kernel t
 linear, lm_head_topk, this one).
 
 ``out = rnd((x * rstd) * w)`` with ``rstd = 1 / sqrt(mean(x**2) + eps)`` in fp32, the mean, square root and
-division correctly rounded (``sgl_eagle_triton.reference.rms_norm``), and ``rnd`` the rounding to the weight's
+division correctly rounded (``sgl_eagle_triton.devtools.reference.rms_norm``), and ``rnd`` the rounding to the weight's
 dtype; SGLang's ``torch.rsqrt`` differs from it by at most an ulp or two. One program per row.
 """
 

@@ -79,7 +79,7 @@ def simulated_walk(
     Inputs: the tree rows as ``verify_tree_greedy``'s ([bs, n] int64, contiguous); ``coins`` [bs, S + 1] fp32 in
     [0, 1) (column ``m``: the coin of level ``m``); ``cum_prob`` [L, K] fp32: row ``min(level, L - 1)``, column
     ``min(rank, K - 1)`` is the chance that the target picks one of the level's first ``rank + 1`` siblings
-    (non-decreasing along a row, at most 1). ``sgl_eagle_triton.reference.simulated_walk`` spells it out.
+    (non-decreasing along a row, at most 1). ``sgl_eagle_triton.devtools.reference.simulated_walk`` spells it out.
     CUDA-graph safe: grid ``(bs,)``, no host sync, no allocation.
     """
     bs, n = candidates.shape

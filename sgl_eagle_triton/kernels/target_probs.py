@@ -328,7 +328,7 @@ def prepare_target_probs(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per row, ``softmax(logits / T)`` restricted to the tokens kept by joint top-k, top-p and min-p,
-    renormalised (see the module docstring; ``sgl_eagle_triton.reference.target_probs`` spells it out).
+    renormalised (see the module docstring; ``sgl_eagle_triton.devtools.reference.target_probs`` spells it out).
 
     Args:
         logits:        [R, V] float32, contiguous; R = bs * rows_per_request.

@@ -68,7 +68,7 @@ def tree_evidence(
     bonus_included: bool = False,
 ) -> None:
     """Adds one verify's reached nodes to ``tried`` / ``passed`` in place (semantics:
-    ``sgl_eagle_triton.reference.tree_evidence``).
+    ``sgl_eagle_triton.devtools.reference.tree_evidence``).
 
     tried, passed      [D, R] float32, contiguous, D >= S + 1 (row 0 unused; ranks >= R not counted)
     accept_index       [bs, S + 1] int32, accept_token_num [bs] int32: the verify's outputs (accepted drafts, or

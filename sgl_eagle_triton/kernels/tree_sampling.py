@@ -197,7 +197,7 @@ def tree_speculative_sampling(
 
     Same arguments and results as ``sgl_kernel.tree_speculative_sampling_target_only`` (there named
     ``retrive_*``), without its ``draft_probs`` scratch tensor and ``deterministic`` flag;
-    ``sgl_eagle_triton.reference.tree_sampling`` spells out the semantics.
+    ``sgl_eagle_triton.devtools.reference.tree_sampling`` spells out the semantics.
 
     Outputs (pre-filled by the caller; only the elements below are written):
         predicts         [bs * n] int32: at each accepted position but the last, the next accepted draft token;

@@ -80,7 +80,7 @@ def verify_tree_greedy(
     first child (in sibling order) whose draft token equals the target argmax at the last accepted node.
 
     Same positional arguments and results as ``sgl_kernel.verify_tree_greedy`` (there named ``retrive_*``);
-    ``sgl_eagle_triton.reference.verify_greedy`` spells out the semantics.
+    ``sgl_eagle_triton.devtools.reference.verify_greedy`` spells out the semantics.
 
     Outputs (pre-filled by the caller; only the elements below are written):
         predicts         [bs * n] int32: ``target_predict.flatten()[p]`` at every accepted position ``p``.

@@ -28,7 +28,7 @@ from sglang.kernels.ops.attention.clamp_position import _jit_clamp_position_modu
 from sglang.kernels.ops.attention.rope import _jit_fused_rope_module
 from sglang.kernels.ops.kvcache.kvcache import _jit_kvcache_module
 
-# The JIT kernels that serving the tiny Llama of sgl_eagle_triton/tiny_models.py (bf16, head_dim 64, 2 KV heads)
+# The JIT kernels that serving the tiny Llama of sgl_eagle_triton/devtools (bf16, head_dim 64, 2 KV heads)
 # with EAGLE-3 on the triton attention backend needs. Kernels for other shapes compile on the host at first use
 # (nvcc there).
 BF16 = torch.bfloat16

@@ -6,13 +6,13 @@ materialised.
 
 import torch
 
-from sgl_eagle_triton.reference.rms_norm import rms_norm
+from sgl_eagle_triton.devtools.reference.rms_norm import rms_norm
 
 
 def lm_head_input(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                   eps: float = 1e-6) -> torch.Tensor:
     """``z`` [R, H] in the weight's dtype: SGLang's RMSNorm of ``x``
-    (:func:`sgl_eagle_triton.reference.rms_norm.rms_norm`), or ``x`` in that dtype."""
+    (:func:`sgl_eagle_triton.devtools.reference.rms_norm.rms_norm`), or ``x`` in that dtype."""
     return x.to(weight.dtype) if norm_weight is None else rms_norm(x, norm_weight, eps)
 
 

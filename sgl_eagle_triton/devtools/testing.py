@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
+from sgl_eagle_triton.devtools.reference.draft_select import organize, select_step
 from sgl_eagle_triton.drafter import DraftWeights
-from sgl_eagle_triton.reference.draft_select import organize, select_step
 
-CODE_PROMPTS = (  # the trained tiny pair (tests/assets/tiny-code-v1) writes Python: e2e tests and benchmarks
+CODE_PROMPTS = (  # the trained tiny pair (devtools/assets/tiny-code-v1) writes Python: e2e tests and benchmarks
     "import os\n", "def fibonacci(n):\n", "class Stack:\n", "import numpy as np\n\ndef normalize(x):\n",
     "def read_json(path):\n", "for i in range(10):\n", "def quicksort(arr):\n", "import sys\n\ndef main():\n",
     "def is_prime(n):\n", "class Node:\n    def __init__(self, value):\n", "with open('data.txt') as f:\n",

@@ -4,10 +4,10 @@ per-op twins. Takes the same :class:`~sgl_eagle_triton.drafter.DraftWeights`."""
 
 import torch
 
-from sgl_eagle_triton.reference.draft_attention import draft_attention, rope_neox
-from sgl_eagle_triton.reference.draft_select import organize, select_step
-from sgl_eagle_triton.reference.linear import linear, rms_norm
-from sgl_eagle_triton.reference.lm_head_topk import lm_head_logits, lm_head_topk
+from sgl_eagle_triton.devtools.reference.draft_attention import draft_attention, rope_neox
+from sgl_eagle_triton.devtools.reference.draft_select import organize, select_step
+from sgl_eagle_triton.devtools.reference.linear import linear, rms_norm
+from sgl_eagle_triton.devtools.reference.lm_head_topk import lm_head_logits, lm_head_topk
 
 
 def _gap(values: torch.Tensor, k: int) -> torch.Tensor:

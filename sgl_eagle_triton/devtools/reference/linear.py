@@ -4,7 +4,7 @@ weight's dtype (bf16 or fp16)."""
 
 import torch.nn.functional as F
 
-from sgl_eagle_triton.reference.rms_norm import rms_norm
+from sgl_eagle_triton.devtools.reference.rms_norm import rms_norm
 
 
 def linear(x, weight, *, bias=None, norm_weight=None, eps=0.0, silu_mul=False, residual=None):
