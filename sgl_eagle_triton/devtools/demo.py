@@ -47,7 +47,8 @@ METRIC_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})? +(\S+)")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (models, server log)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary folder (server log; with --random, the models)")
     parser.add_argument("--random", action="store_true",
                         help="serve a freshly written random-weight tiny pair instead of the trained one")
     parser.add_argument("--model-path", help="target model to serve instead of the tiny trained one")
