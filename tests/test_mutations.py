@@ -265,6 +265,32 @@ def test_verify_attention_with_a_broken_split_merge_fails(monkeypatch, device, m
         test_verify_attention.test_split_prefixes_match_the_reference(device, 3, [1, 130, 450], 6, 64, 4)
 
 
+def _merge_in_bf16(o, part_o, part_lse, qo_indptr, kv_indptr, *strides, DV, SPLITS, SPLIT_TOKENS, **meta):
+    """The split partials' merge with the partials rounded to bf16 first (weights and sum in fp32): the precision a
+    merge through a 16-bit scratch would keep."""
+    parts = part_o.view(o.shape[0], o.shape[1], SPLITS, DV).to(torch.bfloat16).float()
+    lse = part_lse.view(o.shape[0], o.shape[1], SPLITS)
+    for b in range(qo_indptr.shape[0] - 1):
+        prefix = int(kv_indptr[b + 1] - kv_indptr[b])
+        used = max(1, min(SPLITS, -(-prefix // SPLIT_TOKENS)))
+        if used > 1:
+            q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            weights = torch.exp2(lse[q0:q1, :, :used] - lse[q0:q1, :, :used].amax(dim=2, keepdim=True))
+            merged = (parts[q0:q1, :, :used] * weights[..., None]).sum(dim=2) / weights.sum(dim=2)[..., None]
+            o[q0:q1] = merged.to(o.dtype)
+
+
+@pytest.mark.parametrize("score_std", [1.0, 4.0])
+def test_verify_attention_merging_splits_in_bf16_fails(monkeypatch, device, score_std):
+    """A precision loss, not a wrong answer: the partials rounded to bf16 before the merge (every output still
+    within the parity tests' tolerance of the twin) lifts the error above its measured multiple of the floor."""
+    from sgl_eagle_triton.kernels import verify_attention as kernel
+
+    monkeypatch.setattr(kernel, "_merge_splits_kernel", _Launch(_merge_in_bf16))
+    with pytest.raises(AssertionError):
+        test_verify_attention.test_error_is_near_the_rounding_floor(device, torch.bfloat16, score_std, "split")
+
+
 def test_target_probs_ignoring_min_p_fails(monkeypatch, device):
     prepare = test_target_probs.prepare_target_probs
 
