@@ -184,9 +184,13 @@ def compile_all(records: dict[str, dict], targets=tuple(TARGETS)) -> list[str]:
     return compile_each({target: records for target in targets})
 
 
+SPLIT_FROM = 16  # records of one target from which compile_each splits them over two processes
+
+
 def compile_each(jobs: dict[str, dict[str, dict]]) -> list[str]:
-    """Compiles each target's records (``{target: records}``) in fresh processes without the interpreter, one per
-    target, two at a time; returns one line per failure (target first)."""
+    """Compiles each target's records (``{target: records}``) in fresh processes without the interpreter, two at a
+    time (a target's records split in two from :data:`SPLIT_FROM` on, so that both cores stay busy to the end);
+    returns one line per failure (target first), in target order."""
     code = ("import json, sys; from tests.compile_check import _compile; "
             "target, records = sys.argv[1], json.load(sys.stdin); "
             "print(json.dumps([m for r in records.values() if (m := _compile(r, target))]))")
@@ -194,12 +198,19 @@ def compile_each(jobs: dict[str, dict[str, dict]]) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
 
-    def run(target: str) -> list[str]:
-        out = subprocess.run([sys.executable, "-c", code, target], input=json.dumps(jobs[target], default=str),
+    parts = []
+    for target, records in jobs.items():
+        items = list(records.items())
+        n = 2 if len(items) >= SPLIT_FROM else 1
+        parts += [(target, dict(items[i::n])) for i in range(n)]
+
+    def run(part: tuple[str, dict]) -> list[str]:
+        target, records = part
+        out = subprocess.run([sys.executable, "-c", code, target], input=json.dumps(records, default=str),
                              capture_output=True, text=True, env=env, cwd=root, timeout=900)
         if out.returncode:
             return [f"{target}: compile check process failed: {out.stderr[-2000:]}"]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return [line for lines in pool.map(run, jobs) for line in lines]
+        return [line for lines in pool.map(run, parts) for line in lines]

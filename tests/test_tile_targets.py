@@ -150,3 +150,19 @@ def test_a_tile_over_the_lds_is_rejected(monkeypatch):
     failures = compile_check.compile_each(jobs)
     assert len(failures) == 1 and failures[0].startswith("gfx942 ") and "_linear_kernel" in failures[0], failures
     assert "131072 bytes of shared memory, gfx942 has 65536" in failures[0], failures
+
+
+def test_rocm_device_info_reads_the_amd_entry(monkeypatch):
+    """On a ROCm torch (faked) an MI300X is read as :data:`device.MI300X`: CUs, wavefront and the LDS of its ISA's
+    entry; an unknown ISA keeps what the device reports."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-", multi_processor_count=304,
+                            shared_memory_per_block=65_536, shared_memory_per_block_optin=0, warp_size=64)
+    monkeypatch.setattr(torch.version, "hip", "6.3.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (9, 4))
+    read = device.device_info.__wrapped__  # uncached
+    assert read(torch.device("cuda", 0)) == device.MI300X
+    props.gcnArchName, props.multi_processor_count = "gfx90a:sramecc+:xnack-", 104
+    assert read(torch.device("cuda", 0)) == device.DeviceInfo(104, 65_536, (9, 4), 64, "gfx90a")
