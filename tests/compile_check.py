@@ -6,7 +6,7 @@ whose type changes in a ``while`` loop), so a kernel can pass every CPU test and
 :func:`record` (installed by tests/conftest.py) notes each kernel's launches with distinct argument types (always)
 and distinct constexpr values (up to :data:`MAX_VARIANTS`): its module, name, argument types and constexpr values,
 and launch options.
-:func:`compile_all` compiles those in a fresh process without the interpreter, as ``triton.compile`` does on a GPU
+:func:`compile_all` compiles those in fresh processes without the interpreter, as ``triton.compile`` does on a GPU
 host, once per target of :data:`TARGETS` with the launch's own options: ptx and cubin for sm_90a (Triton's bundled
 ptxas), amdgcn and hsaco for gfx942 / gfx950 (Triton's AMD backend links in process). A variant fails on a target
 when it does not compile or when its compiled shared memory exceeds what one program may use there
