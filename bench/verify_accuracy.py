@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import triton
 
+from sgl_eagle_triton.devtools.reference.verify_attention import verify_attention as verify_attention_ref
 from sgl_eagle_triton.devtools.testing import random_tree_mask
 from sgl_eagle_triton.kernels.verify_attention import verify_attention
 
@@ -76,28 +77,22 @@ def make_inputs(dim, group, prefix, n, dtype, score_std, seed, device, chain):
     return args, trees
 
 
-def exact(args, trees) -> torch.Tensor:
-    """The attention in fp64 on the inputs' values: [T, Hq, D] float64 (on the inputs' device)."""
-    q, n = args["q"].double(), args["max_len_extend"]
-    group = q.shape[1] // KV_HEADS
-    out = torch.empty_like(q)
-    for b, tree in enumerate(trees):
-        slots = args["kv_indices"][args["kv_indptr"][b]:args["kv_indptr"][b + 1]].long()
-        keys = torch.cat([args["k_buffer"][slots], args["k_extend"][b * n:(b + 1) * n]]).double()
-        values = torch.cat([args["v_buffer"][slots], args["v_extend"][b * n:(b + 1) * n]]).double()
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        scores = torch.einsum("ihd,jhd->hij", q[b * n:(b + 1) * n], keys) * args["sm_scale"]
-        allowed = torch.cat([torch.ones(n, slots.numel(), dtype=torch.bool), tree], dim=1).to(q.device)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        out[b * n:(b + 1) * n] = torch.einsum("hij,jhd->ihd", scores.softmax(dim=-1), values)
-    return out
+def call(impl, args, o, **extra):
+    """``impl`` (our launcher or its twin: the same arguments) on ``args`` (:func:`make_inputs`) into ``o``."""
+    return impl(args["q"], args["k_extend"], args["v_extend"], o, args["k_buffer"], args["v_buffer"],
+                args["qo_indptr"], args["kv_indptr"], args["kv_indices"], args["custom_mask"], args["mask_indptr"],
+                args["max_len_extend"], args["sm_scale"], **extra)
 
 
-def run_ours(args, num_splits=None):
-    o = torch.empty_like(args["q"])
-    return verify_attention(args["q"], args["k_extend"], args["v_extend"], o, args["k_buffer"], args["v_buffer"],
-                            args["qo_indptr"], args["kv_indptr"], args["kv_indices"], args["custom_mask"],
-                            args["mask_indptr"], args["max_len_extend"], args["sm_scale"], num_splits=num_splits)
+def exact(args) -> torch.Tensor:
+    """The attention in fp64 on the inputs' values (the kernel's twin in fp64): [T, Hq, D] float64."""
+    return call(verify_attention_ref, args, torch.empty(args["q"].shape, dtype=torch.float64, device=args["q"].device),
+                dtype=torch.float64)
+
+
+def run_ours(args, **extra):
+    """Ours as served (``extra``: the launcher's ``num_splits`` / ``split_tokens``)."""
+    return call(verify_attention, args, torch.empty_like(args["q"]), **extra)
 
 
 def run_sglang_extend(args):
@@ -182,7 +177,7 @@ def _point_rows(impls, seeds, device, dim, group, prefix, shape, dtype_name, sco
     for seed in seeds:
         args, trees = make_inputs(dim, group, prefix, SHAPES[shape], DTYPES[dtype_name], score_std, seed, device,
                                   shape == "chain")
-        want = exact(args, trees)
+        want = exact(args)
         for name, fn in impls.items():
             stats[name].append(errors(fn(args, trees), want))
     point = dict(head_dim=dim, gqa=group, prefix=prefix, shape=shape, dtype=dtype_name, score_std=score_std)

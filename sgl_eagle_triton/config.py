@@ -75,6 +75,11 @@ KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")  # SGLang
 # arg_groups/speculative_hook.py); EAGLE_TRITON follows the same rule, since SGLang's draft extend and the target's
 # verify run on them.
 PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+# On ROCm (torch.version.hip): the attention backends served there, SGLang's triton (our verify attention replaces its
+# verify where the kernel applies) and aiter (SGLang's verify; its default on ROCm); the KV pools the draft attention
+# reads there (16-bit: an MI300X's FP8 pool is e4m3fnuz, which it does not read). Never run on an AMD GPU.
+ROCM_ATTENTION_BACKENDS = ("triton", "aiter")
+ROCM_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 
 
 def is_ours(server_args) -> bool:
@@ -444,6 +449,7 @@ def _validate(sa) -> None:
         _refuse(f"simulated acceptance here: {reason}", "Set both SGLANG_EAGLE_TRITON_SIMULATED_ACCEPTANCE=<profile> "
                 "and SGLANG_EAGLE_TRITON_BENCHMARK=1 (benchmarks only), or neither.")
     _check_verify_attention(sa)
+    _check_rocm(sa)
     if cycle_timing_every() is None:
         _refuse(f"{CYCLE_TIMING_ENV}={os.environ[CYCLE_TIMING_ENV]!r}", "Give a whole number of decode steps > 0, "
                 "or unset it.")
@@ -541,6 +547,23 @@ def _check_verify_attention(sa) -> None:
     unserved = verify_attention_unserved(sa.page_size, sa.kv_cache_dtype)
     if unserved is not None:
         _refuse(f"{VERIFY_ATTENTION_ENV}=1 with {unserved}", f"Change that, or unset {VERIFY_ATTENTION_ENV}.")
+
+
+def _check_rocm(sa) -> None:
+    """On a ROCm build of torch: only :data:`ROCM_ATTENTION_BACKENDS` and 16-bit KV pools (SGLang's default backend,
+    none named, is aiter there)."""
+    import torch
+
+    if not torch.version.hip:
+        return
+    others = sorted(_attention_backends(sa) - set(ROCM_ATTENTION_BACKENDS))
+    if others:
+        _refuse(f"the {', '.join(others)} attention backend{'s' if len(others) > 1 else ''} on ROCm (AMD GPUs)",
+                f"Use --attention-backend {' or '.join(ROCM_ATTENTION_BACKENDS)} (our verify attention runs on "
+                "triton), or leave it unset (aiter).")
+    if sa.kv_cache_dtype not in ROCM_KV_CACHE_DTYPES:
+        _refuse(f"--kv-cache-dtype {sa.kv_cache_dtype} on ROCm (AMD GPUs; the draft attention reads e4m3fn / e5m2 "
+                "FP8 pools, an MI300X's are e4m3fnuz)", "Use --kv-cache-dtype auto or bf16.")
 
 
 def _attention_backends(sa) -> set:

@@ -3,6 +3,7 @@
 from this file)."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -12,23 +13,28 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from tests import compile_check
 
-    compile_check.install()  # every interpreted kernel is also compiled for sm_90 at the end (tests/compile_check.py)
+    compile_check.install()  # every interpreted kernel is also compiled for sm_90, gfx942, gfx950 at the end
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """On the CPU: compile every kernel the tests interpreted, for an H100; a kernel that does not compile fails
-    the run (the interpreter skips the compiler's checks)."""
+    """On the CPU: compile every kernel variant the tests interpreted, with its launch options, for an H100 (sm_90),
+    an MI300X (gfx942) and an MI355X (gfx950) (tests/compile_check.py); a variant that does not compile, or whose
+    shared memory exceeds the target's, fails the run (the interpreter skips the compiler's checks). Reports the
+    count per target."""
     if HAS_CUDA or exitstatus != 0:
         return
     from tests import compile_check
 
     if not compile_check.RECORDS:
         return
+    started = time.monotonic()
     failures = compile_check.compile_all(compile_check.RECORDS)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"compile check: {len(compile_check.RECORDS)} kernel variants for sm_90, "
-                            f"{len(failures)} failed")
+        per_target = ", ".join(f"{target} ({sum(f.startswith(target + ' ') for f in failures)} failed)"
+                               for target in compile_check.TARGETS)
+        reporter.write_line(f"compile check: {len(compile_check.RECORDS)} kernel variants for {per_target}; "
+                            f"{time.monotonic() - started:.0f} s")
         for line in failures:
             reporter.write_line(f"  {line}")
     if failures:

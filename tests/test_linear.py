@@ -9,7 +9,7 @@ import torch
 import triton
 
 from sgl_eagle_triton.devtools.reference.linear import linear as linear_ref
-from sgl_eagle_triton.kernels.device import DeviceInfo, device_info, pipeline_budget, stage_bytes
+from sgl_eagle_triton.kernels.device import MI300X, MI355X, DeviceInfo, device_info, pipeline_budget, stage_bytes
 from sgl_eagle_triton.kernels.linear import _config, _num_stages, linear
 from sgl_eagle_triton.kernels.lm_head_topk import VOCAB_TILE, _tile_pass_config
 
@@ -160,11 +160,12 @@ def test_tile_rules_pick_the_sweeps_best_tiles(sweep):
         assert timed[tile] <= bound * result["best"][0][0], (shape, tile, timed[tile], result["best"][0])
 
 
-@pytest.mark.parametrize("gpu", [H200, DeviceInfo(108, 166_912, (8, 0)), DeviceInfo(84, 101_376, (8, 9))],
-                         ids=["h200", "a100", "l40"])
+@pytest.mark.parametrize("gpu", [H200, DeviceInfo(108, 166_912, (8, 0)), DeviceInfo(84, 101_376, (8, 9)), MI300X,
+                                 MI355X], ids=["h200", "a100", "l40", "mi300x", "mi355x"])
 def test_tile_rules_fit_shared_memory(gpu):
-    """On GPUs of less shared memory (an A100's 163 KB, an L40's 99 KB) the rules take shallower K tiles or fewer
-    stages rather than tiles Triton cannot launch: every pipeline fits."""
+    """On GPUs of less shared memory (an A100's 163 KB, an L40's 99 KB, an MI355X's 160 KB and an MI300X's 64 KB of
+    LDS) the rules take shallower K tiles or fewer stages rather than tiles Triton cannot launch: every pipeline fits
+    (as the rules count it; tests/test_tile_targets.py compiles the AMD ones)."""
     budget = pipeline_budget(gpu)
     for tp, M, (N, K, silu) in itertools.product([1, 2, 4, 8], [1, 8, 20, 32], [
             (6144, 8192, False), (4096, 4096, False), (14336, 4096, True), (4096, 14336, False)]):

@@ -627,3 +627,39 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         _args()
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
     _args()
+
+
+@pytest.mark.parametrize("backend", ["fa3", "flashinfer", "wave", "torch_native"])
+def test_rocm_refuses_attention_backends_it_does_not_serve(monkeypatch, backend):
+    """On a ROCm build of torch (faked here): a backend other than triton and aiter is refused at start, naming what
+    to change; so is an FP8 KV pool (an MI300X's are e4m3fnuz)."""
+    args = _args()
+    monkeypatch.setattr(torch.version, "hip", "6.3.0", raising=False)
+    with pytest.raises(EagleTritonConfigError, match=re.escape(
+            f"the {backend} attention backend on ROCm (AMD GPUs). Use --attention-backend triton or aiter")):
+        config._validate(Overlay(args.record, attention_backend=backend))
+    with pytest.raises(EagleTritonConfigError, match=re.escape(f"the {backend} attention backend on ROCm")):
+        config._validate(Overlay(args.record, attention_backend=None, decode_attention_backend=backend,
+                                 prefill_attention_backend="triton"))
+    with pytest.raises(EagleTritonConfigError, match=re.escape("--kv-cache-dtype fp8_e4m3 on ROCm")):
+        config._validate(Overlay(args.record, attention_backend="triton", kv_cache_dtype="fp8_e4m3"))
+    monkeypatch.setattr(torch.version, "hip", None)
+    config._validate(Overlay(args.record, attention_backend=backend))  # on CUDA: SGLang's own checks decide
+
+
+@pytest.mark.parametrize("backend", [None, "triton", "aiter"])
+def test_rocm_accepts_triton_and_aiter(monkeypatch, backend):
+    """triton (our verify attention where its kernel applies: 16-bit pools of page size 1) and aiter (SGLang's
+    verify; its default on ROCm, none named); under VERIFY_ATTENTION_ENV=1 only triton."""
+    args = _args()
+    monkeypatch.setattr(torch.version, "hip", "6.3.0", raising=False)
+    config._validate(Overlay(args.record, attention_backend=backend, kv_cache_dtype="bf16"))
+    config._validate(Overlay(args.record, attention_backend=None, decode_attention_backend=backend,
+                             prefill_attention_backend="triton"))
+    assert config.verify_attention_wanted(1, "bf16") and not config.verify_attention_wanted(16, "bf16")
+    monkeypatch.setenv(config.VERIFY_ATTENTION_ENV, "1")
+    if backend == "triton":
+        config._validate(Overlay(args.record, attention_backend=backend))
+    else:
+        with pytest.raises(EagleTritonConfigError, match="Use --attention-backend triton"):
+            config._validate(Overlay(args.record, attention_backend=backend))

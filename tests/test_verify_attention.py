@@ -194,16 +194,12 @@ ACCURACY_BOUND = {(1.0, "split"): 1.61, (1.0, "one pass"): 1.68, (4.0, "split"):
 
 def error_over_floor(device, dtype, score_std, passes, seed=0) -> float:
     """Mean |ours - exact| / mean |dtype(exact) - exact| over one batch (bench.verify_accuracy's inputs)."""
-    from bench.verify_accuracy import exact, make_inputs
+    from bench.verify_accuracy import exact, make_inputs, run_ours
 
-    args, trees = make_inputs(64, 4, 512, 6, dtype, score_std, seed, device, chain=False)
-    want = exact(args, trees)
+    args, _ = make_inputs(64, 4, 512, 6, dtype, score_std, seed, device, chain=False)
+    want = exact(args)
     floor = (want.to(dtype).double() - want).abs().mean().item()
-    splits = dict(num_splits=8, split_tokens=64) if passes == "split" else dict(num_splits=1)
-    o = torch.empty_like(args["q"])
-    got = verify_attention(args["q"], args["k_extend"], args["v_extend"], o, args["k_buffer"], args["v_buffer"],
-                           args["qo_indptr"], args["kv_indptr"], args["kv_indices"], args["custom_mask"],
-                           args["mask_indptr"], args["max_len_extend"], args["sm_scale"], **splits)
+    got = run_ours(args, **(dict(num_splits=8, split_tokens=64) if passes == "split" else dict(num_splits=1)))
     return (got.double() - want).abs().mean().item() / floor
 
 

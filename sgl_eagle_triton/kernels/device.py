@@ -3,6 +3,11 @@ constants that turn them into grid sizes.
 
 Under the Triton CPU interpreter (``TRITON_INTERPRET=1``, CI) there is no GPU to ask: :data:`INTERPRETER`
 stands in, with a few "SMs" so that the interpreted grids stay small while still splitting work.
+
+On ROCm (AMD Instinct) the same rules read an AMD entry: compute units for SMs, the CU's LDS for shared memory,
+wavefronts of 64 (:func:`warps`), no PDL (:func:`pdl`). The CPU suite compiles the rules' tiles for :data:`H100`,
+:data:`MI300X` and :data:`MI355X` and checks their shared memory (tests/test_tile_targets.py); the tuning constants
+below were measured on NVIDIA GPUs only and never on AMD.
 """
 
 from __future__ import annotations
@@ -15,25 +20,58 @@ import torch
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """sms: streaming multiprocessors; shared_per_block: bytes of shared memory one block may use (opt-in
-    maximum); capability: (major, minor) compute capability, (0, 0) for the interpreter."""
+    """sms: streaming multiprocessors (compute units on AMD); shared_per_block: bytes of shared memory one block may
+    use (opt-in maximum; an AMD CU's LDS); capability: (major, minor) compute capability, (0, 0) for the interpreter
+    (what ROCm's torch reports on AMD, e.g. (9, 4) for gfx942: never read as an NVIDIA one); warp_size: threads
+    of one warp, 64 in an AMD Instinct wavefront (Triton's ``num_warps`` counts them); arch: the AMD ISA
+    (``gfx942``), empty elsewhere."""
 
     sms: int
     shared_per_block: int
     capability: tuple[int, int]
+    warp_size: int = 32
+    arch: str = ""
+
+    @property
+    def amd(self) -> bool:
+        return self.arch.startswith("gfx")
 
 
 INTERPRETER = DeviceInfo(sms=4, shared_per_block=232_448, capability=(0, 0))
+# The GPUs the CPU suite compiles every kernel for (tests/compile_check.py) and checks the tile rules on
+H100 = DeviceInfo(sms=132, shared_per_block=232_448, capability=(9, 0))  # an H200's are the same
+MI300X = DeviceInfo(sms=304, shared_per_block=65_536, capability=(9, 4), warp_size=64, arch="gfx942")
+MI355X = DeviceInfo(sms=256, shared_per_block=163_840, capability=(9, 5), warp_size=64, arch="gfx950")
+AMD_GPUS = {gpu.arch: gpu for gpu in (MI300X, MI355X)}
 
 
 @functools.cache
 def device_info(device: torch.device) -> DeviceInfo:
-    """The properties of ``device`` (:data:`INTERPRETER` for a non-CUDA device)."""
+    """The properties of ``device`` (:data:`INTERPRETER` for a non-CUDA device). On ROCm (``torch.version.hip``)
+    the CU count as reported, wavefronts of the reported size (64 if unreported) and the LDS of :data:`AMD_GPUS`' entry
+    for its ISA (else the reported shared memory per block)."""
     if device.type != "cuda":
         return INTERPRETER
     props = torch.cuda.get_device_properties(device)
-    return DeviceInfo(props.multi_processor_count, props.shared_memory_per_block_optin,
-                      torch.cuda.get_device_capability(device))
+    capability = torch.cuda.get_device_capability(device)
+    if torch.version.hip:
+        arch = props.gcnArchName.split(":")[0]
+        known = AMD_GPUS.get(arch)
+        return DeviceInfo(props.multi_processor_count,
+                          known.shared_per_block if known else props.shared_memory_per_block, capability,
+                          getattr(props, "warp_size", 64), arch)
+    return DeviceInfo(props.multi_processor_count, props.shared_memory_per_block_optin, capability)
+
+
+def warps(gpu: DeviceInfo, threads: int) -> int:
+    """Triton's ``num_warps`` for ``threads`` threads a program on ``gpu``: warps of 32 on NVIDIA, wavefronts of 64
+    on AMD Instinct (at least one)."""
+    return max(1, threads // gpu.warp_size)
+
+
+def pdl(gpu: DeviceInfo) -> bool:
+    """Whether ``gpu`` launches with programmatic dependent launch: NVIDIA compute capability 9.0 and up only."""
+    return not gpu.amd and gpu.capability >= (9, 0)
 
 
 def pipeline_budget(gpu: DeviceInfo) -> int:

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info
+from sgl_eagle_triton.kernels.device import ATTENTION_MAX_SPLIT, ATTENTION_WAVES, device_info, warps
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rounding import FP8_KV_DTYPES, MODEL_DTYPES, mma, round_to, tl_dtype
 
@@ -289,6 +289,7 @@ def draft_attention(
     assert chain_k.stride() == chain_v.stride() and chain_k.stride(3) == 1
     assert 0 <= step < chain_k.shape[0] and rows <= chain_k.shape[1]
     split = num_splits(bs, num_kv_heads, qkv.device)
+    gpu = device_info(qkv.device)
     part_acc = torch.empty(rows, num_q_heads, split, head_dim, dtype=torch.float32, device=qkv.device)
     part_ml = torch.empty(rows, num_q_heads, split, 2, dtype=torch.float32, device=qkv.device)
     qk_scale = scale * math.log2(math.e) * (k_scale if quantised else 1.0)
@@ -317,7 +318,7 @@ def draft_attention(
         BLOCK_N=min(64, max(16, head_dim // 2)),  # 64 keys at D >= 128; small D (tests) gets several blocks
         DTYPE=tl_dtype(qkv.dtype),
         **pdl_args(qkv.device),
-        num_warps=4 if block_m <= 64 else 8,
+        num_warps=warps(gpu, 128 if block_m <= 64 else 256),  # 4 / 8 warps, 2 / 4 wavefronts
     )
     _chain_merge_kernel[(rows, num_kv_heads)](
         *rope,
@@ -343,6 +344,6 @@ def draft_attention(
         DTYPE=tl_dtype(qkv.dtype),
         KV_DTYPE=tl_dtype(k_cache.dtype),
         **pdl_args(qkv.device),
-        num_warps=2,
+        num_warps=warps(gpu, 64),
     )
     return out

@@ -23,7 +23,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info, pipeline_budget, stage_bytes
+from sgl_eagle_triton.kernels.device import (
+    CUBLAS_MIN_ROWS,
+    DeviceInfo,
+    device_info,
+    pipeline_budget,
+    stage_bytes,
+    warps,
+)
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -138,7 +145,8 @@ def _config(M: int, N: int, K: int, silu_mul: bool, x_bytes: int, gpu: DeviceInf
     32 columns per program (64 where 64-column programs still outnumber the SMs), BLOCK_K 128. Where the grid is
     at most one wave (a tensor-parallel shard, or N 4096 on 132 SMs) one program per SM must keep more bytes in
     flight: deeper K tiles, up to 512 (256 with ``silu_mul``: two weight tiles and an fp32 x), as long as K holds
-    six of them and three pipeline stages fit in shared memory. On the H100 / H200 sweeps of the 8B draft's shards
+    six of them and three pipeline stages fit in shared memory (an MI300X's 64 KB of LDS: BLOCK_K 128 always).
+    128 threads a program (4 warps; 2 wavefronts on AMD). On the H100 / H200 sweeps of the 8B draft's shards
     at TP 1 / 2 / 4 this picks the best tile or one within 3.2 % of it, but at TP 4's o_proj (K 1024: 6 %, as the
     rule before; bench/results/*-sweep-linear-tp*.json, tests/test_linear.py)."""
     block_m = 16 if M <= 16 else 32
@@ -149,7 +157,7 @@ def _config(M: int, N: int, K: int, silu_mul: bool, x_bytes: int, gpu: DeviceInf
         while block_k > 128 and (K < 6 * block_k or 3 * stage_bytes(block_m, block_n, block_k, x_bytes, 1 + silu_mul)
                                  > pipeline_budget(gpu)):
             block_k //= 2
-    return block_m, block_n, block_k, 4
+    return block_m, block_n, block_k, warps(gpu, 128)
 
 
 def _num_stages(programs: int, stage: int, gpu: DeviceInfo) -> int:
@@ -249,10 +257,11 @@ def epilogue(y: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | Non
     assert residual is None or (residual.dtype == out.dtype and residual.stride(1) == 1)
     assert out_sum is None or (residual is not None and out_sum.dtype == torch.float32 and out_sum.is_contiguous())
     block_m, block_n = 16, 128
+    num_warps = warps(device_info(out.device), 128)
     _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
         y, y.stride(0), residual if residual is not None else out, residual.stride(0) if residual is not None else 0,
         out, out.stride(0), out_sum if out_sum is not None else out, M, N,
         SILU_MUL=silu_mul, ADD_RESIDUAL=residual is not None, WRITE_SUM=out_sum is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, DTYPE=tl_dtype(out.dtype), num_warps=4,
+        BLOCK_M=block_m, BLOCK_N=block_n, DTYPE=tl_dtype(out.dtype), num_warps=num_warps,
     )
     return out

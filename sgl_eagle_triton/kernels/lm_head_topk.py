@@ -27,7 +27,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS, DeviceInfo, device_info, pipeline_budget, stage_bytes
+from sgl_eagle_triton.kernels.device import (
+    CUBLAS_MIN_ROWS,
+    DeviceInfo,
+    device_info,
+    pipeline_budget,
+    stage_bytes,
+    warps,
+)
 from sgl_eagle_triton.kernels.pdl import pdl_args, wait_for_prior
 from sgl_eagle_triton.kernels.rms_norm import rms_norm, rstd
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
@@ -244,7 +251,8 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
         z = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.to(weight.dtype)
         x = F.linear(z, weight)
     num_tiles = triton.cdiv(V, VOCAB_TILE)
-    block_r, block_k, num_stages = _tile_pass_config(R, H, num_tiles, x.element_size(), device_info(x.device))
+    gpu = device_info(x.device)
+    block_r, block_k, num_stages = _tile_pass_config(R, H, num_tiles, x.element_size(), gpu)
     keys = torch.empty((R, topk, num_tiles), dtype=torch.int64, device=x.device)
     sums = torch.empty((R, num_tiles), dtype=torch.float32, device=x.device)
     _lm_head_tile_kernel[(triton.cdiv(R, block_r), num_tiles)](
@@ -268,7 +276,7 @@ def _tile_pass(x, weight, topk, norm_weight, eps, id_offset: int, v_valid: int):
         BLOCK_K=block_k,
         DTYPE=tl_dtype(weight.dtype),
         **pdl_args(x.device),
-        num_warps=4,
+        num_warps=warps(gpu, 128),
         num_stages=num_stages,
     )
     return keys, sums
@@ -281,7 +289,8 @@ def _tile_pass_config(R: int, H: int, num_tiles: int, x_bytes: int, gpu: DeviceI
     the best tile of H100 / H200 sweeps at the 8B draft's 32000 / 16000 / 8000-row shards, or within 2 % of it
     (bench/results/*-sweep-linear-tp*.json). 17-32 rows: 128, 4 stages; from logits: 64 (unused), 4 stages.
     ``BLOCK_K`` never exceeds the largest power of two dividing ``H`` (the K loop is unmasked), the stages never
-    shared memory."""
+    shared memory (an MI300X's 64 KB of LDS: BLOCK_K 128). Launched with 128 threads a program (4 warps; 2
+    wavefronts on AMD)."""
     block_r = 16 if R <= 16 else 32 if R <= 32 else 64
     budget = pipeline_budget(gpu)
     deep_fits = 3 * stage_bytes(block_r, VOCAB_TILE, 256, x_bytes) <= budget
@@ -310,7 +319,7 @@ def _merge(keys, sums, V: int, block_v: int, topk: int, token_map, out_a, out_b,
         BLOCK_T=triton.next_power_of_2(max(num_tiles, 16)),
         TOPK_P2=triton.next_power_of_2(max(topk, 2)),
         **pdl_args(keys.device),
-        num_warps=4,
+        num_warps=warps(device_info(keys.device), 128),
     )
 
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_eagle_triton.kernels.device import device_info
+from sgl_eagle_triton.kernels.device import device_info, pdl
 
 
 @triton.jit
@@ -29,8 +29,8 @@ def wait_for_prior(USE_GDC: tl.constexpr):
 def pdl_args(device: torch.device) -> dict:
     """Launch keywords of a chain kernel: ``USE_GDC`` (its :func:`wait_for_prior`) and ``launch_pdl`` always
     together, since a kernel launched early without the wait would race its predecessor's writes. PDL on CUDA
-    devices of compute capability 9.0 and up (never under the CPU interpreter)."""
-    on = device_info(device).capability >= (9, 0)
+    devices of compute capability 9.0 and up (never under the CPU interpreter, never on AMD)."""
+    on = pdl(device_info(device))
     return {"USE_GDC": on, "launch_pdl": on}
 
 

@@ -56,6 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.device import device_info, warps
 from sgl_eagle_triton.kernels.tree_rows import MAX_SPLIT, row_slices
 
 KEY_ONE = tl.constexpr(0x3F800000)  # int32 bits of 1.0f: the key of the row maximum, whose e = exp(0) = 1
@@ -367,13 +368,14 @@ def prepare_target_probs(
     common = (scratch, scratch.view(torch.float32), rows_per_request, split, slice_len)
     params = (temperatures, top_ks, top_ps, min_ps)
     grid = (R, split)
-    _stats_kernel[grid](logits, temperatures, *common, V=V, BLOCK_V=BLOCK_V, num_warps=8)
+    num_warps = warps(device_info(logits.device), 256)  # 8 warps, 4 wavefronts
+    _stats_kernel[grid](logits, temperatures, *common, V=V, BLOCK_V=BLOCK_V, num_warps=num_warps)
     passes = MAX_PASSES if split > 1 else 1  # a row in one program runs its whole search in one launch
     for p in range(passes):
         _search_kernel[grid](logits, *params, *common, p, state[(p + 1) % 2], state[p % 2], part[(p + 1) % 2],
                              part[p % 2], V=V, G=G, BLOCK_V=BLOCK_V, BLOCK_S=BLOCK_S, MAX_SPLIT=MAX_SPLIT,
-                             MAX_PASSES=MAX_PASSES, num_warps=8)
+                             MAX_PASSES=MAX_PASSES, num_warps=num_warps)
     last = (passes - 1) % 2
     _write_kernel[grid](logits, out, *params, *common, state[last], part[last], V=V, G=G, BLOCK_V=BLOCK_V,
-                        MAX_SPLIT=MAX_SPLIT, MAX_PASSES=MAX_PASSES, num_warps=8)
+                        MAX_SPLIT=MAX_SPLIT, MAX_PASSES=MAX_PASSES, num_warps=num_warps)
     return out

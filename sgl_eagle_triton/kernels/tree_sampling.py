@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.device import device_info, warps
 from sgl_eagle_triton.kernels.tree_rows import MAX_SPLIT, load_tree, pick, row_slices
 
 
@@ -241,7 +242,8 @@ def tree_speculative_sampling(
     record = 3 + block_n + 2 * split  # int32 words per request (module docstring)
     scratch = torch.empty(bs * record, dtype=torch.int32, device=target_probs.device)
     common = (scratch, scratch.view(torch.float32))
-    sizes = dict(N=n, VOCAB=vocab_size, BLOCK_N=block_n, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4)
+    num_warps = warps(device_info(target_probs.device), 256 if block_v >= 2048 else 128)  # 8 / 4 warps, 4 / 2 waves
+    sizes = dict(N=n, VOCAB=vocab_size, BLOCK_N=block_n, BLOCK_V=block_v, num_warps=num_warps)
     _walk_kernel[(bs, split)](
         predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
         retrieve_next_sibling, uniform_samples, target_probs, *common, float(threshold_single),

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_eagle_triton.kernels.device import H100, device_info, warps
 from sgl_eagle_triton.kernels.rounding import MODEL_DTYPES, mma, round_to, tl_dtype
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jitted code reads no plain Python globals
@@ -220,8 +221,9 @@ BUSY_PROGRAMS_PER_SM = 2  # splits are allowed until the batch's programs reach 
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; an H100's 132 off CUDA (the interpreter then splits as it would)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    """Streaming multiprocessors (AMD: compute units) of ``device``; an H100's 132 off CUDA (the interpreter then
+    splits as it would there)."""
+    return device_info(device).sms if device.type == "cuda" else H100.sms
 
 
 def splits_for(programs: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
@@ -266,6 +268,7 @@ def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv
     if splits > 1:
         part_o = torch.empty(q.shape[0] * heads * splits * dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(q.shape[0] * heads * splits, dtype=torch.float32, device=q.device)
+    gpu = device_info(q.device)
     mask = custom_mask.view(torch.uint8) if custom_mask is not None and custom_mask.dtype == torch.bool else custom_mask
     common = dict(G=group, BLOCK_DV=triton.next_power_of_2(dim_v), BLOCK_M=block_m, SPLITS=splits,
                   SPLIT_TOKENS=split_tokens, DTYPE=tl_dtype(q.dtype))
@@ -278,9 +281,10 @@ def verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv
         o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         D=dim, DV=dim_v, BLOCK_D=triton.next_power_of_2(dim), BLOCK_N=64, BLOCK_E=block_e,
         USE_MASK=mask is not None, HAS_CAP=logit_cap > 0, part_o_ptr=part_o, part_lse_ptr=part_lse, **common,
-        num_warps=8 if dim >= 128 else 4,  # D 128 at 4 warps: ptxas spilled (sm_90a)
+        num_warps=warps(gpu, 256 if dim >= 128 else 128),  # D 128 at 4 warps: ptxas spilled (sm_90a)
     )
     if splits > 1:
         _merge_splits_kernel[(bs, kv_heads, row_blocks)](
-            o, part_o, part_lse, qo_indptr, kv_indptr, o.stride(0), o.stride(1), DV=dim_v, **common, num_warps=4)
+            o, part_o, part_lse, qo_indptr, kv_indptr, o.stride(0), o.stride(1), DV=dim_v, **common,
+            num_warps=warps(gpu, 128))
     return o
