@@ -60,7 +60,7 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
-# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step; "1", untested on GPUs): the target's one-token
+# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step; "1"; off by default): the target's one-token
 # forward and SGLang's sampler instead of SGLang's speculative verify; unset or "0": SGLang's verify of a one-node tree
 PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too

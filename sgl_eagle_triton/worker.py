@@ -553,7 +553,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "
                                f"{config.PLAIN_OFF_ENV}.")
         self.plain_off = PlainOff(self.device)
-        logger.warning("%s: %s=1: adaptive steps 0 runs as a plain decode step (untested on GPUs)", ALGORITHM_NAME,
+        logger.warning("%s: %s=1: adaptive steps 0 runs as a plain decode step", ALGORITHM_NAME,
                        config.PLAIN_OFF_ENV)
 
     def capture_draft_kv(self) -> None:
@@ -696,7 +696,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         under ``--speculative-adaptive``, the decode steps run at each step count."""
         kernels = {**KERNELS_IN_USE, "verify attention": getattr(self, "verify_attention", "not yet built")}
         if self.plain_off is not None:
-            kernels["steps 0"] = (f"plain decode step ({config.PLAIN_OFF_ENV}=1, untested on GPUs): the target's "
+            kernels["steps 0"] = (f"plain decode step ({config.PLAIN_OFF_ENV}=1): the target's "
                                   "one-token forward, SGLang's sampler, the draft KV fill")
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}

@@ -617,7 +617,7 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
 
 
 def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):
-    """SGLANG_EAGLE_TRITON_PLAIN_OFF (adaptive steps 0 as a plain decode step, untested on GPUs): 0 or 1, and 1 only
+    """SGLANG_EAGLE_TRITON_PLAIN_OFF (adaptive steps 0 as a plain decode step): 0 or 1, and 1 only
     with --speculative-adaptive, each refusal naming what to change."""
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "yes")
     with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_PLAIN_OFF='yes'.*Give 1"):
