@@ -3,7 +3,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle3_off eagle3_off_skip] \\
+                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle_triton_off_plain eagle3_off
+                   eagle3_off_skip] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -92,6 +93,8 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # steps 0 for good (SGLang's policy with the one candidate 0): what "off" costs against no-spec's plain decode
     # step where the host sets the cycle (the trained pair), the speculative scheduling path around every step
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
+    # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1; off_step.py)
+    "eagle_triton_off_plain": ("EAGLE_TRITON", "off"),
     # stock's steps 0 under the same config: SGLang's one-node verify and its full draft extend (a CUDA graph)
     "eagle3_off": ("EAGLE3", "off"),
     # the same without the draft extend (SYSTEM_ENV): SGLang's speculative path at steps 0 and nothing else, the floor
@@ -101,7 +104,8 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # A/B of a change beside eagle_triton under --interleave
     "eagle_triton_before": ("EAGLE_TRITON", None),
 }
-SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}}  # a system's own server env
+SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
+              "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:

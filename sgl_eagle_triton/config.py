@@ -60,6 +60,9 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
+# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step; "1"; off by default): the target's one-token
+# forward and SGLang's sampler instead of SGLang's speculative verify; unset or "0": SGLang's verify of a one-node tree
+PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -456,6 +459,15 @@ def _validate(sa) -> None:
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
+    if os.environ.get(PLAIN_OFF_ENV, "0") not in ("0", "1"):
+        _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 as a plain decode step, untested "
+                "on GPUs) or 0, or unset it.")
+    if plain_off() and not sa.speculative_adaptive:
+        _refuse(f"{PLAIN_OFF_ENV}=1 without --speculative-adaptive (it changes adaptive steps 0)",
+                f"Add --speculative-adaptive with 0 among the candidate steps, or unset {PLAIN_OFF_ENV}.")
+    if plain_off() and sa.tp_size > 1:
+        _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
+                f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -481,6 +493,11 @@ def cycle_timing_every() -> int | None:
 def cycle_profile_top() -> int | None:
     """:data:`CYCLE_PROFILE_ENV` as a number of functions to list (0 when unset; None when not a whole number > 0)."""
     return _count_env(CYCLE_PROFILE_ENV)
+
+
+def plain_off() -> bool:
+    """Whether :data:`PLAIN_OFF_ENV` asks for adaptive steps 0 as a plain decode step (``1``)."""
+    return os.environ.get(PLAIN_OFF_ENV) == "1"
 
 
 def verify_attention_mode() -> str:

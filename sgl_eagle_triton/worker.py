@@ -15,7 +15,8 @@ swapped in by the plugin's hook). The draft, its tree building and token selecti
   a decode step (:func:`sgl_eagle_triton.verify.one_node_verify_attention`, when SGLang builds the state), and
   the draft extend is replaced by a fill of the committed tokens' draft KV
   (:meth:`TritonEagleDraftWorker.fill_draft_kv`); the move back to drafting runs one more step at 0 with the full
-  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`);
+  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (untested on
+  GPUs) its verify is a plain decode step instead (:mod:`sgl_eagle_triton.off_step`);
 - under ``--tp`` > 1: the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
@@ -47,7 +48,7 @@ from collections import Counter
 import sglang
 import torch
 
-from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, simulated_acceptance, verify
+from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, off_step, simulated_acceptance, verify
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
 from sgl_eagle_triton.drafter import (
     FusedDrafter,
@@ -62,6 +63,7 @@ from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
+from sgl_eagle_triton.off_step import PLAIN_OFF_STEP, PlainOff
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
     RAN,
@@ -180,6 +182,7 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
                 "verify_tree_greedy": verify.verify_tree_greedy_func}
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
+_plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
 
 
 def verify_graph_sizes(state) -> list[int]:
@@ -421,8 +424,11 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
+    plain_off: PlainOff | None = None  # steps 0 as a plain decode step (config.PLAIN_OFF_ENV=1; init_cuda_graphs)
+    _plain_now = False  # this step's one-node input is the plain step's: its verify is too
+
     def __init__(self, *args, **kwargs):
-        glue.check_glue(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2))
+        glue.check_glue(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2), plain_off=config.plain_off())
         self._verify_checks_left = {VERIFY_GREEDY, VERIFY_SAMPLING}
         self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
         self._cycle_position = 0
@@ -501,6 +507,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         graphs compiled for every state (:meth:`compile_eager_kernels`), then the cost-aware policy's start-up costs:
         each state's draft, verify and draft-extend graphs replayed at every captured batch size."""
         super().init_cuda_graphs()
+        self.start_plain_off()
         self.compile_eager_kernels()
         self.capture_draft_kv()
         if self.cost_policy is None:
@@ -523,6 +530,31 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.cost_policy.set_costs(CycleCost(replay))
         logger.info("%s: adaptive candidates' graph replay ms (steps, batch): %s", ALGORITHM_NAME,
                     {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
+
+    def start_plain_off(self) -> None:
+        """With ``config.PLAIN_OFF_ENV=1``: steps 0 runs as a plain decode step (:mod:`sgl_eagle_triton.off_step`) once
+        SGLang has built the states; refused (RuntimeError naming what to change) without a steps-0 state, or where
+        its target attention is not ours (:class:`~sgl_eagle_triton.verify.OneNodeVerifyAttention`: the plain step's
+        one-token forward runs its decode kernels and reads no mask) or the draft runs under tensor parallelism."""
+        if not config.plain_off():
+            return
+        controller = self.adaptive_controller
+        state = None if controller is None else controller._states.get(0)
+        backend = getattr(state, "target_attn_backend", None)
+        why = None
+        if state is None:
+            why = "steps 0 is not an adaptive candidate"
+        elif not isinstance(backend, verify.OneNodeVerifyAttention):
+            why = (f"steps 0's target attention is {type(backend).__name__}, not ours (--attention-backend triton with "
+                   "a 16-bit KV cache of page size 1)")
+        elif self.draft_worker._tensor_parallel is not None:
+            why = "the draft runs under tensor parallelism"
+        if why is not None:
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "
+                               f"{config.PLAIN_OFF_ENV}.")
+        self.plain_off = PlainOff(self.device)
+        logger.warning("%s: %s=1: adaptive steps 0 runs as a plain decode step", ALGORITHM_NAME,
+                       config.PLAIN_OFF_ENV)
 
     def capture_draft_kv(self) -> None:
         """Steps 0's KV fill as CUDA graphs at the batch sizes of the steps-0 state's verify graphs
@@ -575,7 +607,22 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             self.cost_policy.forget_last_step()
         return super().forward_batch_generation(batch, *args, **kwargs)
 
+    def _build_trivial_verify_input(self, batch, *args, **kwargs):
+        """SGLang's one-node verify input of a steps-0 step; the plain step's (:meth:`PlainOff.verify_input`, and then
+        :meth:`verify` runs the plain step) when it is on, the step only fills the draft KV (not a resume step) and
+        the batch is one it serves (:func:`sgl_eagle_triton.off_step.serves`)."""
+        self._plain_now = (self.plain_off is not None and self.draft_worker.fill_kv_only
+                           and off_step.serves(batch))
+        if self._plain_now:
+            return self.plain_off.verify_input(batch, self.topk)
+        return super()._build_trivial_verify_input(batch, *args, **kwargs)
+
     def verify(self, batch, *args, **kwargs):
+        if self._plain_now:  # SGLang's steps-0 flow: the input just built was the plain step's
+            self._plain_now = False
+            result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+            glue.publish_read_done(self)  # the scheduler's WAR barrier then takes its fast path, as after a decode
+            return result
         expected = None
         if self._verify_checks_left and not batch.forward_mode.is_idle():
             expected = VERIFY_GREEDY if batch.sampling_info.is_all_greedy else VERIFY_SAMPLING
@@ -648,6 +695,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         each of our entry points ran in this scheduler, the first-step check's errors (empty when all ran) and,
         under ``--speculative-adaptive``, the decode steps run at each step count."""
         kernels = {**KERNELS_IN_USE, "verify attention": getattr(self, "verify_attention", "not yet built")}
+        if self.plain_off is not None:
+            kernels["steps 0"] = (f"plain decode step ({config.PLAIN_OFF_ENV}=1): the target's "
+                                  "one-token forward, SGLang's sampler, the draft KV fill")
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:

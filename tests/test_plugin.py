@@ -616,6 +616,19 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
     _args()
 
 
+def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):
+    """SGLANG_EAGLE_TRITON_PLAIN_OFF (adaptive steps 0 as a plain decode step): 0 or 1, and 1 only
+    with --speculative-adaptive, each refusal naming what to change."""
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "yes")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_PLAIN_OFF='yes'.*Give 1"):
+        _args()
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    with pytest.raises(EagleTritonConfigError, match="PLAIN_OFF=1 without --speculative-adaptive.*Add"):
+        _args()
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
+    _args()
+
+
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "wave", "torch_native"])
 def test_rocm_refuses_attention_backends_it_does_not_serve(monkeypatch, backend):
     """On a ROCm build of torch (faked here): a backend other than triton and aiter is refused at start, naming what

@@ -796,7 +796,7 @@ def test_the_verify_attention_check_waits_for_the_target_backends(monkeypatch):
         self.adaptive_controller, self.speculative_num_steps, self.topk = None, 3, 1
         self.speculative_num_draft_tokens = 4
 
-    monkeypatch.setattr(worker.glue, "check_glue", lambda *args: None)  # reads the real constructor's source
+    monkeypatch.setattr(worker.glue, "check_glue", lambda *args, **kwargs: None)  # reads the real constructor's source
     monkeypatch.setattr(eagle_worker_v2.EAGLEWorkerV2, "__init__", sglang_init)
     monkeypatch.setattr(base_spec_worker.BaseSpecWorker, "init_attention_backends",
                         lambda self: setattr(runner, "attn_backend", TritonAttnBackend.__new__(TritonAttnBackend)))

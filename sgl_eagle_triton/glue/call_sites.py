@@ -18,15 +18,22 @@ request). Imports SGLang's speculative modules (and Triton): imported by the wor
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import inspect
 import types
 from contextlib import contextmanager
 
 import sglang
+import torch
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sgl_eagle_triton.glue import versions
@@ -61,6 +68,29 @@ CALL_SITES = (
     (EagleDraftWorker, "draft", eagle_worker_common, "build_tree_kernel_efficient"),
     (EAGLEWorkerV2, "verify", eagle_worker_common, "eagle_sample"),
     (eagle_utils, "eagle_sample", eagle_utils, "verify_tree_greedy_func"),
+)
+
+# Adaptive steps 0 as a plain decode step (config.PLAIN_OFF_ENV=1, sgl_eagle_triton.off_step): checked at start only
+# when it is asked for. SGLang's steps-0 flow must still call the method we override to build the one-node input...
+PLAIN_OFF_CALL_SITES = (
+    (EAGLEWorkerV2, "forward_batch_generation", None, "_build_trivial_verify_input"),
+)
+# ... and what the plain step calls must take these parameters (ForwardBatch's constructor and SGLang's results are
+# called by keyword: their fields are checked to exist)
+PLAIN_OFF_SIGNATURES = (
+    (EAGLEWorkerV2, "_build_trivial_verify_input", (("batch",),)),
+    (ForwardBatch, "init_new", (("batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm"),)),
+    (TpModelWorker, "forward_batch_generation", (("batch", "forward_batch", "pp_proxy_tensors", "is_verify"),)),
+    (ModelRunner, "sample", (("logits_output", "forward_batch"),)),
+)
+PLAIN_OFF_FIELDS = (
+    (EagleVerifyInput, ("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token",
+                        "retrieve_next_sibling", "retrieve_cum_len", "spec_steps", "topk", "draft_token_num",
+                        "capture_hidden_mode", "seq_lens_sum", "seq_lens_cpu")),
+    (EagleDraftInput, ("bonus_tokens",)),
+    (GenerationBatchResult, ("logits_output", "next_token_ids", "can_run_cuda_graph", "speculative_num_draft_tokens",
+                             "next_draft_input", "accept_lens", "new_seq_lens", "routed_experts_output",
+                             "indexer_topk_output", "extra_keep_alive_refs")),
 )
 
 # What we rebind, by the key the worker names it with: (SGLang module, global)
@@ -162,19 +192,26 @@ def overridden_methods(cls) -> list[str]:
             and getattr(super(cls, cls), name, None) is not None]
 
 
-def glue_problems(replacements: dict | None = None, classes=()) -> list[str]:
+def glue_problems(replacements: dict | None = None, classes=(), plain_off: bool = False) -> list[str]:
     """Everything that no longer holds (empty when all does): names, call sites, signatures, hook targets
     (:func:`~sgl_eagle_triton.glue.hooks.hook_problems`), ``replacements`` (keys of :data:`REBOUND` -> our function
     put in its place) and the overridden methods of ``classes`` (ours, subclassing SGLang's) that could not take
-    every parameter SGLang's original takes."""
+    every parameter SGLang's original takes; with ``plain_off`` the plain steps-0 path's as well."""
     problems = [f"{_where(owner)}.{name} (missing)" for owner, name in SGLANG_NAMES if not hasattr(owner, name)]
-    for owner, attr, module, name in CALL_SITES:
+    call_sites, signatures = CALL_SITES, SIGNATURES
+    if plain_off:
+        call_sites, signatures = call_sites + PLAIN_OFF_CALL_SITES, signatures + PLAIN_OFF_SIGNATURES
+        for cls, fields in PLAIN_OFF_FIELDS:
+            missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+            if missing:
+                problems.append(f"{_where(cls)} has no field {', '.join(missing)}")
+    for owner, attr, module, name in call_sites:
         if module is not None and not hasattr(module, name):
             problems.append(f"{module.__name__}.{name} (missing)")
         elif not reaches(getattr(owner, attr), module, name):
             target = f"{module.__name__}.{name}" if module is not None else f"the method {name}"
             problems.append(f"{_where(owner)}.{attr} no longer reaches {target}")
-    for owner, name, variants in SIGNATURES:
+    for owner, name, variants in signatures:
         fn = getattr(owner, name, None)
         problem = "missing" if fn is None else signature_problem(fn, variants)
         if problem:
@@ -194,12 +231,12 @@ def glue_problems(replacements: dict | None = None, classes=()) -> list[str]:
     return problems
 
 
-def check_glue(replacements: dict | None = None, classes=()) -> None:
+def check_glue(replacements: dict | None = None, classes=(), plain_off: bool = False) -> None:
     """Refuse to start (RuntimeError naming what moved and this SGLang's version) unless the installed SGLang is a
     served release and every touchpoint holds (:func:`glue_problems`): otherwise stock kernels would run under a
     "triton" banner, or a request would crash mid-decode."""
     versions.check_supported()
-    problems = glue_problems(replacements, classes)
+    problems = glue_problems(replacements, classes, plain_off)
     if problems:
         raise RuntimeError(
             f"EAGLE_TRITON (sgl-eagle-triton) cannot run on SGLang {sglang.__version__}: " + "; ".join(problems)
@@ -302,3 +339,60 @@ def graph_capture():
     from sglang.srt.distributed.parallel_state import graph_capture as capture
 
     return capture()
+
+
+# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step)
+
+def one_node_verify_input(draft_token, positions, retrieve_index, retrieve_next, topk: int):
+    """SGLang's ``EagleVerifyInput`` of one node per request: ``draft_token`` [bs] (the relayed bonus tokens),
+    ``positions`` [bs] int64, ``retrieve_index`` [bs, 1] int64 (``arange``), ``retrieve_next`` [bs, 1] int64 (-1, as
+    next token and next sibling), no mask (the steps-0 target attention attends as a decode step and reads none)."""
+    return EagleVerifyInput(
+        draft_token=draft_token, custom_mask=None, positions=positions, retrieve_index=retrieve_index,
+        retrieve_next_token=retrieve_next, retrieve_next_sibling=retrieve_next, retrieve_cum_len=None, spec_steps=0,
+        topk=topk, draft_token_num=1, capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None,
+        seq_lens_cpu=None)
+
+
+def one_token_forward(target_worker, batch):
+    """The target's forward of ``batch`` (one token per request, mode TARGET_VERIFY: the steps-0 state's CUDA graphs)
+    as SGLang's decode step runs it: ``ForwardBatch.init_new`` with the full hidden states captured (the draft KV fill
+    reads them), then ``TpModelWorker.forward_batch_generation`` without sampling. Returns ``(forward_batch,
+    GenerationBatchResult)``."""
+    batch.forward_mode = ForwardMode.TARGET_VERIFY
+    forward_batch = ForwardBatch.init_new(batch, target_worker.model_runner, capture_hidden_mode=CaptureHiddenMode.FULL,
+                                          return_hidden_states_before_norm=False)
+    return forward_batch, target_worker.forward_batch_generation(None, forward_batch=forward_batch, is_verify=True)
+
+
+def sample_as_decode(model_runner, logits_output, forward_batch):
+    """SGLang's no-spec sampler (``ModelRunner.sample``) over the one-token forward's logits [bs, vocab], with the
+    batch seen as a decode step for the call, so that the sampler gets the positions no-spec gives it (the fed
+    token's: its seeded draws are no-spec's). Returns the token ids [bs]."""
+    with swapped(forward_batch, "forward_mode", ForwardMode.DECODE):
+        return model_runner.sample(logits_output, forward_batch)
+
+
+def plain_step_result(forward_output, next_token_ids, accept_lens, new_seq_lens, keep_alive):
+    """What SGLang's spec-v2 result processing reads from a verify, for one committed token per request:
+    ``next_token_ids`` [bs] at stride 1, ``accept_lens`` [bs] int32 ones, ``new_seq_lens`` [bs], the token as the
+    next step's bonus (``EagleDraftInput.bonus_tokens`` int32), ``keep_alive`` held two scheduler iterations."""
+    return GenerationBatchResult(
+        logits_output=forward_output.logits_output, next_token_ids=next_token_ids,
+        can_run_cuda_graph=forward_output.can_run_cuda_graph, speculative_num_draft_tokens=1,
+        next_draft_input=EagleDraftInput(bonus_tokens=next_token_ids.to(torch.int32)), accept_lens=accept_lens,
+        new_seq_lens=new_seq_lens, routed_experts_output=forward_output.routed_experts_output,
+        indexer_topk_output=forward_output.indexer_topk_output, extra_keep_alive_refs=list(keep_alive))
+
+
+def publish_read_done(worker) -> None:
+    """Record, on the current stream, the event the scheduler's WAR barrier waits on after a step (its fast path, as
+    SGLang's decode graph and draft-extend graph publish it), on the runner the scheduler reads it from: 0.5.17
+    ``war_fastpath_runner.war_fastpath_read_done_event``; 0.5.18+ ``last_shared_read_runner.shared_read_done_event``."""
+    if hasattr(type(worker), "war_fastpath_runner"):
+        runner, name = worker.war_fastpath_runner, "war_fastpath_read_done_event"
+    else:
+        runner, name = worker.last_shared_read_runner, "shared_read_done_event"
+    event = torch.get_device_module(worker.device).Event()
+    event.record()
+    setattr(runner, name, event)

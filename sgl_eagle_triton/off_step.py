@@ -1,0 +1,78 @@
+"""Adaptive steps 0 ("off") as a plain decode step: ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (config.PLAIN_OFF_ENV),
+off by default; lossless end to end on one GPU while switching in and out of steps 0
+(tests/test_e2e_adaptive.py with the variable set).
+
+SGLang's steps 0 verifies a one-node tree through its speculative verify (``run_eagle_verify``: the verify input's
+retrieve arrays and mask fill, cache locations by a Triton kernel, the graph's buffers loaded in a pre-plan,
+``eagle_sample``, accepted-token gathers and the bonus-token kernel). This step does what SGLang's no-spec decode
+does instead, inside SGLang's steps-0 flow (``EAGLEWorkerV2.forward_batch_generation`` calls the worker's
+``_build_trivial_verify_input`` then ``verify``, both routed here by the worker, then its ``_draft_extend_for_decode``,
+whose steps-0 draft KV fill is unchanged):
+
+- :meth:`PlainOff.verify_input`: SGLang's one-node ``EagleVerifyInput`` from cached per-batch-size constants, no
+  kernel launches (``positions`` = ``seq_lens`` [bs] int64, ``draft_token`` = the relayed bonus tokens [bs]);
+- :meth:`PlainOff.step`: the bonus token's KV slot ``req_to_token[req, seq_lens]`` (the one SGLang reserved for it),
+  the target's one-token forward as a decode step runs it (the steps-0 state's CUDA graph, whose attention is already
+  SGLang's decode: ``verify.OneNodeVerifyAttention``), SGLang's no-spec sampler, and the result SGLang's spec-v2
+  processing reads: accept length 1 (the sampled token is the bonus token), ``new_seq_lens = seq_lens + 1``.
+
+A batch that asks for logprobs, hidden states or a grammar takes SGLang's steps 0 (:func:`serves`): its result
+processing expects the speculative verify's shapes there. Every SGLang call goes through :mod:`sgl_eagle_triton.glue`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_eagle_triton.glue import call_sites as glue
+
+PLAIN_OFF_STEP = "plain off step"  # verify.RAN's key: plain steps 0 run (kernel report)
+
+
+def serves(batch) -> bool:
+    """Whether a steps-0 decode ``batch`` (SGLang's ``ScheduleBatch``) can take the plain step: not idle, no logprobs
+    (the spec result processing reads per-request lists), no hidden states returned, no grammar (the spec verify
+    advances the grammar inside verify)."""
+    return not (batch.forward_mode.is_idle() or batch.return_logprob or batch.return_hidden_states
+                or batch.has_grammar)
+
+
+class PlainOff:
+    """The plain steps-0 step of one worker on ``device``; keeps constant per-batch-size tensors (the verify input's
+    retrieve arrays [bs, 1] int64, the accept lengths [bs] int32 ones), made at a size's first step and never
+    written."""
+
+    def __init__(self, device):
+        self.device = device
+        self._constants: dict[int, tuple] = {}
+
+    def _for(self, bs: int) -> tuple:
+        constants = self._constants.get(bs)
+        if constants is None:
+            constants = self._constants[bs] = (
+                torch.arange(bs, dtype=torch.int64, device=self.device).unsqueeze(1),
+                torch.full((bs, 1), -1, dtype=torch.int64, device=self.device),
+                torch.ones(bs, dtype=torch.int32, device=self.device))
+        return constants
+
+    def verify_input(self, batch, topk: int):
+        """SGLang's one-node verify input of ``batch`` (its ``spec_info``: the relayed draft input), as its
+        ``_build_trivial_verify_input`` builds it less the mask (none is read) and the launches."""
+        retrieve_index, retrieve_next, _ = self._for(batch.seq_lens.shape[0])
+        positions = batch.seq_lens if batch.seq_lens.dtype == torch.int64 else batch.seq_lens.to(torch.int64)
+        return glue.one_node_verify_input(batch.spec_info.bonus_tokens, positions, retrieve_index, retrieve_next, topk)
+
+    def step(self, batch, target_worker, req_to_token: torch.Tensor):
+        """One plain decode step of ``batch`` (its ``spec_info`` from :meth:`verify_input`) on ``target_worker``
+        (SGLang's ``TpModelWorker``), ``req_to_token`` [requests, context] int32 SGLang's. Rebinds the batch's
+        ``input_ids``, ``out_cache_loc`` [bs] int64 and ``forward_mode`` (as SGLang's verify does; the scheduler
+        restores them). Returns SGLang's ``GenerationBatchResult``: ``next_token_ids`` [bs] (the sampler's dtype),
+        ``accept_lens`` [bs] int32 ones, ``new_seq_lens`` [bs], ``next_draft_input.bonus_tokens`` [bs] int32, the
+        target's ``logits_output`` (its ``hidden_states`` [bs, features] feed the draft KV fill)."""
+        verify_input = batch.spec_info
+        batch.input_ids = verify_input.draft_token
+        batch.out_cache_loc = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+        forward_batch, output = glue.one_token_forward(target_worker, batch)
+        tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
+        accept_lens = self._for(batch.seq_lens.shape[0])[2]
+        return glue.plain_step_result(output, tokens, accept_lens, batch.seq_lens + 1, keep_alive=(forward_batch,))

@@ -1,0 +1,236 @@
+"""Adaptive steps 0 as a plain decode step (sgl_eagle_triton/off_step.py, ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1``) on the
+CPU: which batches take it, the one-token forward and SGLang's sampler it runs, the result SGLang's spec-v2 result
+processing reads, the worker's routing inside SGLang's steps-0 flow, and the start-up checks (small stand-ins for
+SGLang's runner, worker and batch)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+from sgl_eagle_triton import config, off_step, verify, worker
+from sgl_eagle_triton.glue import call_sites
+from sgl_eagle_triton.off_step import PlainOff
+from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
+from tests import fake_sglang
+
+
+def _batch(seq_lens=(7, 30, 2), rows=(3, 1, 5), bonus=(11, 12, 13), **flags):
+    """A steps-0 decode batch as SGLang's scheduler hands it to the worker: spec-v2 ``seq_lens`` (committed tokens,
+    the bonus token excluded), the relayed bonus tokens in ``spec_info``."""
+    return SimpleNamespace(
+        forward_mode=fake_sglang.ForwardMode(idle=flags.get("idle", False)),
+        return_logprob=flags.get("return_logprob", False), return_hidden_states=flags.get("hidden", False),
+        has_grammar=flags.get("grammar", False), seq_lens=torch.tensor(seq_lens), req_pool_indices=torch.tensor(rows),
+        spec_info=SimpleNamespace(bonus_tokens=torch.tensor(bonus)), input_ids=None, out_cache_loc=None,
+        sampling_info=SimpleNamespace(is_all_greedy=True))
+
+
+def test_only_plain_batches_take_the_plain_step():
+    assert off_step.serves(_batch())
+    for flag in ("idle", "return_logprob", "hidden", "grammar"):
+        assert not off_step.serves(_batch(**{flag: True})), flag
+
+
+def test_the_one_node_input_is_sglangs_without_launches():
+    off, batch = PlainOff("cpu"), _batch()
+    verify_input = off.verify_input(batch, topk=1)
+    assert isinstance(verify_input, EagleVerifyInput) and verify_input.is_verify_input()
+    assert verify_input.draft_token is batch.spec_info.bonus_tokens and verify_input.draft_token_num == 1
+    assert verify_input.positions is batch.seq_lens and verify_input.custom_mask is None  # int64 already: no cast
+    assert verify_input.retrieve_index.tolist() == [[0], [1], [2]]
+    assert verify_input.retrieve_next_token.tolist() == [[-1]] * 3
+    again = off.verify_input(_batch(), topk=1)  # per-size constants, made once
+    assert again.retrieve_index is verify_input.retrieve_index
+    assert off.verify_input(_batch(seq_lens=(4,), rows=(2,), bonus=(9,)), topk=1).retrieve_index.tolist() == [[0]]
+
+
+def _target(vocab=8, features=6):
+    """A target worker whose forward returns logits favouring token ``(row + 2) % vocab`` and whose sampler is the
+    argmax, recording what SGLang's would be handed."""
+    seen = {}
+
+    def forward_batch_generation(batch, forward_batch=None, is_verify=False, **kwargs):
+        seen["forward"] = (batch, forward_batch, is_verify, forward_batch.forward_mode)
+        bs = forward_batch.input_ids.shape[0]
+        logits = torch.zeros(bs, vocab)
+        logits[torch.arange(bs), (torch.arange(bs) + 2) % vocab] = 1.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits,
+                                                             hidden_states=torch.randn(bs, features)),
+                               can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
+
+    def sample(logits_output, forward_batch):
+        seen["sample"] = (logits_output, forward_batch.forward_mode)
+        return torch.argmax(logits_output.next_token_logits, -1)
+
+    runner = SimpleNamespace(sample=sample)
+    return SimpleNamespace(model_runner=runner, forward_batch_generation=forward_batch_generation), seen
+
+
+@pytest.fixture
+def init_new(monkeypatch):
+    """SGLang's ``ForwardBatch.init_new`` as a recorder: the forward batch holds what the step put on the batch."""
+    made = []
+
+    def fake(batch, model_runner, *, capture_hidden_mode=None, return_hidden_states_before_norm):
+        fb = SimpleNamespace(forward_mode=batch.forward_mode, input_ids=batch.input_ids, seq_lens=batch.seq_lens,
+                             out_cache_loc=batch.out_cache_loc, positions=batch.spec_info.positions,
+                             capture_hidden_mode=capture_hidden_mode, model_runner=model_runner)
+        made.append(fb)
+        return fb
+
+    monkeypatch.setattr(ForwardBatch, "init_new", staticmethod(fake))
+    return made
+
+
+def test_the_plain_step_is_the_targets_one_token_forward_and_sglangs_sampler(init_new):
+    """The bonus token is fed at its reserved slot (req_to_token at the committed length) and position, the target's
+    one-token forward captures the hidden states the draft KV fill reads, SGLang's no-spec sampler picks the token
+    (seeing a decode step: no-spec's positions), and the result is the one SGLang's verify would hand over for one
+    committed token per request."""
+    target, seen = _target()
+    off, batch = PlainOff("cpu"), _batch()
+    batch.spec_info = off.verify_input(batch, topk=1)
+    req_to_token = torch.arange(6 * 40, dtype=torch.int32).view(6, 40)
+    result = off.step(batch, target, req_to_token)
+
+    fb, = init_new
+    assert batch.input_ids.tolist() == [11, 12, 13] and batch.forward_mode == ForwardMode.TARGET_VERIFY
+    assert batch.out_cache_loc.dtype == torch.int64
+    assert batch.out_cache_loc.tolist() == [3 * 40 + 7, 40 + 30, 5 * 40 + 2]  # req_to_token[row, seq_len]
+    assert fb.capture_hidden_mode == CaptureHiddenMode.FULL and fb.positions.tolist() == [7, 30, 2]
+    assert seen["forward"] == (None, fb, True, ForwardMode.TARGET_VERIFY)
+    assert seen["sample"][1] == ForwardMode.DECODE and fb.forward_mode == ForwardMode.TARGET_VERIFY  # restored
+    assert isinstance(result, GenerationBatchResult) and result.speculative_num_draft_tokens == 1
+    assert result.next_token_ids.tolist() == [2, 3, 4] and result.logits_output is seen["sample"][0]
+    assert result.accept_lens.dtype == torch.int32 and result.accept_lens.tolist() == [1, 1, 1]
+    assert result.new_seq_lens.tolist() == [8, 31, 3] and result.can_run_cuda_graph
+    assert isinstance(result.next_draft_input, EagleDraftInput)
+    assert result.next_draft_input.bonus_tokens.dtype == torch.int32
+    assert result.next_draft_input.bonus_tokens.tolist() == [2, 3, 4] and result.extra_keep_alive_refs == [fb]
+
+
+class _Req:
+    """What SGLang's spec-v2 result processing touches on a request."""
+
+    def __init__(self):
+        self.kv_committed_len, self.spec_verify_ct, self.spec_num_correct_drafts, self.grammar = 10, 0, 0, None
+        self.histogram = []
+        self.is_retracted = False
+
+    def finished(self):
+        return False
+
+    def update_spec_correct_drafts_histogram(self, n):
+        self.histogram.append(n)
+
+
+def test_sglangs_spec_result_processing_reads_one_committed_token_per_request(init_new):
+    """The scheduler's ``_resolve_spec_v2_tokens`` (after the result's copy to the host) commits the sampled token and
+    nothing else, and feeds the adaptive policy an off step (0 correct drafts per request)."""
+    target, _ = _target()
+    off, batch = PlainOff("cpu"), _batch()
+    batch.spec_info = off.verify_input(batch, topk=1)
+    result = off.step(batch, target, torch.arange(6 * 40, dtype=torch.int32).view(6, 40))
+    result.next_token_ids, result.accept_lens = result.next_token_ids.cpu(), result.accept_lens.cpu()
+    fed = []
+    processor = SimpleNamespace(
+        model_worker=SimpleNamespace(on_verify_complete_cpu=lambda correct, batch_size=0: fed.append(correct)),
+        advance_grammar_fsm=lambda result, batch: None)
+    reqs = [_Req() for _ in range(3)]
+    tokens = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, SimpleNamespace(reqs=reqs))
+    assert tokens == [[2], [3], [4]] and fed == [[0, 0, 0]] and result.num_correct_drafts == 0
+    assert [r.kv_committed_len for r in reqs] == [11] * 3 and [r.histogram for r in reqs] == [[0]] * 3
+
+
+def _routing_worker(monkeypatch, fill_kv_only=True):
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.plain_off, w.topk, w._verify_checks_left = PlainOff("cpu"), 1, set()
+    w._draft_worker = SimpleNamespace(fill_kv_only=fill_kv_only)
+    w._target_worker = "target"
+    w._eagle_sample = verify.eagle_sample
+    monkeypatch.setattr(EAGLEWorkerV2, "req_to_token_pool", SimpleNamespace(req_to_token="rows"), raising=False)
+    monkeypatch.setattr(EAGLEWorkerV2, "_build_trivial_verify_input", lambda self, batch: "sglang's input")
+    monkeypatch.setattr(EAGLEWorkerV2, "verify", lambda self, batch, *args, **kwargs: "sglang's verify")
+    published = []
+    monkeypatch.setattr(call_sites, "publish_read_done", published.append)
+    ran = []
+    monkeypatch.setattr(worker, "_plain_step", lambda off, batch, target, rows: ran.append((off, target, rows)) or
+                        "plain")
+    return w, published, ran
+
+
+def test_steps_0_takes_the_plain_step_when_it_fills_the_kv_only_and_serves_the_batch(monkeypatch):
+    """SGLang's steps-0 flow calls ``_build_trivial_verify_input`` then ``verify``: both are the plain step's when it is
+    on, the step fills the draft KV only (not a resume step) and the batch is a plain one; else SGLang's, untouched."""
+    w, published, ran = _routing_worker(monkeypatch)
+    batch = _batch()
+    assert isinstance(w._build_trivial_verify_input(batch), EagleVerifyInput)
+    assert w.verify(batch, grammar_barrier=None) == "plain" and ran == [(w.plain_off, "target", "rows")]
+    assert published == [w] and not w._plain_now  # the WAR barrier's event; the choice is used once
+    for why in ({"return_logprob": True}, {"grammar": True}):
+        assert w._build_trivial_verify_input(_batch(**why)) == "sglang's input"
+        assert w.verify(_batch(**why)) == "sglang's verify"
+    w._draft_worker.fill_kv_only = False  # a resume step: SGLang's verify, then the full draft extend
+    assert w._build_trivial_verify_input(batch) == "sglang's input" and w.verify(batch) == "sglang's verify"
+    w._draft_worker.fill_kv_only, w.plain_off = True, None  # the variable unset
+    assert w._build_trivial_verify_input(batch) == "sglang's input" and w.verify(batch) == "sglang's verify"
+    assert len(ran) == 1 and len(published) == 1
+
+
+def test_the_plain_step_is_refused_at_start_where_it_cannot_run(monkeypatch):
+    """With the variable set: refused without a steps-0 state or where steps 0's target attention is not ours (it
+    reads no mask and runs SGLang's decode kernels); started where it is (and reported)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.device, w.adaptive_controller = "cpu", None
+    w._draft_worker = SimpleNamespace(_tensor_parallel=None)
+    with pytest.raises(RuntimeError, match="PLAIN_OFF=1, but steps 0 is not an adaptive candidate.*unset"):
+        w.start_plain_off()
+    w.adaptive_controller = SimpleNamespace(_states={0: SimpleNamespace(target_attn_backend=SimpleNamespace())})
+    with pytest.raises(RuntimeError, match="target attention is SimpleNamespace, not ours"):
+        w.start_plain_off()
+    backend = verify.one_node_verify_attention(TritonAttnBackend.__new__(TritonAttnBackend))
+    w.adaptive_controller._states[0].target_attn_backend = backend
+    w.start_plain_off()
+    assert isinstance(w.plain_off, PlainOff)
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
+    w.plain_off = None
+    w.start_plain_off()
+    assert w.plain_off is None
+
+
+def test_the_plain_steps_touchpoints_hold_on_this_sglang():
+    """Checked at start only with the variable set: SGLang's steps-0 flow still calls the input builder we override,
+    and the calls, constructors and fields the plain step uses are where it expects them."""
+    classes = (TritonEagleDraftWorker, EagleTritonWorkerV2)
+    assert call_sites.glue_problems(worker.REPLACEMENTS, classes, plain_off=True) == []
+    assert all(call_sites.reaches(getattr(owner, attr), module, name)
+               for owner, attr, module, name in call_sites.PLAIN_OFF_CALL_SITES)
+
+
+def test_the_war_barriers_event_goes_where_the_scheduler_reads_it(monkeypatch):
+    """0.5.17 reads ``war_fastpath_runner.war_fastpath_read_done_event``, 0.5.18+
+    ``last_shared_read_runner.shared_read_done_event``: the event recorded now is put on the one the worker has."""
+    recorded = []
+    event = SimpleNamespace(record=lambda: recorded.append(True))
+    monkeypatch.setattr(call_sites.torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: event))
+    runner = SimpleNamespace()
+
+    class Old:
+        device, war_fastpath_runner = "cpu", runner
+
+    class New:
+        device, last_shared_read_runner = "cpu", runner
+
+    call_sites.publish_read_done(Old())
+    call_sites.publish_read_done(New())
+    assert runner.war_fastpath_read_done_event is event and runner.shared_read_done_event is event
+    assert recorded == [True, True]
