@@ -26,6 +26,14 @@ With ``SGLANG_EAGLE_TRITON_CYCLE_PROFILE=K`` as well, the host time inside ``for
 profiled (``cProfile``, which slows Python calls: read it as shares, not times) and every summary is followed by the
 ``K`` functions of most own time and of most cumulative time over the same steps: where a host-bound step goes
 (a host wait on the GPU shows as own time of the call that waits, e.g. ``Tensor.item``).
+
+The same variable times the scheduler around every server of the process, speculative or not
+(:class:`SchedulerStages`, the plugin wraps SGLang's ``Scheduler`` methods with :func:`timed_stage`): every N decode
+iterations a line gives the scheduler loop's period between two decode ``run_batch`` calls and the host time of each
+stage in it (``process_input_requests``, ``get_next_batch_to_run``, ``run_batch``, ``_apply_war_barrier``,
+``process_batch_result``; ``rest``: the loop's own work, e.g. receiving requests and copying the batch), so a
+speculative server's scheduler is compared with a no-spec server's stage by stage. With the profile as well, the
+stages other than ``run_batch`` are profiled and listed after each stage line.
 """
 
 from __future__ import annotations
@@ -114,11 +122,7 @@ class CycleTiming:
     def profile_report(self) -> str:
         """The profiled launches since the last report: the ``profile_top`` functions of most own time, then of most
         cumulative time (pstats' listings; the profile covers the launches of steps not yet summarised too)."""
-        text = io.StringIO()
-        stats = pstats.Stats(self.profiler, stream=text)
-        for order in ("tottime", "cumulative"):
-            stats.sort_stats(order).print_stats(self.profile_top)
-        return f"{self.name} cycle profile, rank {self.rank}, by own then cumulative time:\n{text.getvalue()}"
+        return _profile_report(self.profiler, self.profile_top, f"{self.name} cycle profile, rank {self.rank}")
 
     def summary(self) -> str:
         steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
@@ -132,10 +136,104 @@ class CycleTiming:
                 f"{per_pair('gpu_idle')}")
 
 
+SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "_apply_war_barrier",
+                    "process_batch_result")  # glue.hooks.wrap_scheduler_stages wraps these SGLang Scheduler methods
+
+
+class SchedulerStages:
+    """Host time of one SGLang scheduler's stages per decode iteration (see the module's docstring).
+    ``iteration(decode)`` at each ``run_batch`` entry closes the iteration since the last one (counted when both are
+    decode: a prefill between breaks the chain); ``time(stage, call)`` runs ``call()`` and adds its host time to the
+    open iteration. ``clock`` returns seconds; ``every`` iterations give one line; ``profile_top`` > 0 profiles the
+    stages other than ``run_batch`` and logs that many functions after each line."""
+
+    def __init__(self, every: int, rank: int = 0, clock=time.perf_counter, log=logger.info, name: str = "no-spec",
+                 profile_top: int = 0):
+        self.every, self.rank, self.clock, self.log, self.name = every, rank, clock, log, name
+        self.profile_top = profile_top
+        self.profiler = cProfile.Profile() if profile_top else None
+        self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)  # seconds, the iteration under way
+        self.sums = dict.fromkeys(("period", *SCHEDULER_STAGES), 0.0)  # seconds, the closed iterations
+        self.count = 0
+        self._entry: float | None = None  # the open iteration's decode run_batch entry (None: not in a chain)
+
+    def iteration(self, decode: bool) -> None:
+        now = self.clock()
+        if decode and self._entry is not None:
+            self.count += 1
+            self.sums["period"] += now - self._entry
+            for stage, seconds in self.open.items():
+                self.sums[stage] += seconds
+            if self.count >= self.every:
+                self.log(self.summary())
+                if self.profiler is not None and self.profiler.getstats():
+                    self.log(_profile_report(self.profiler, self.profile_top,
+                                             f"{self.name} scheduler profile, rank {self.rank}"))
+                    self.profiler = cProfile.Profile()
+                self.sums = dict.fromkeys(self.sums, 0.0)
+                self.count = 0
+        self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)
+        self._entry = now if decode else None
+
+    def time(self, stage: str, call):
+        profiled = self.profiler is not None and stage != "run_batch" and self._enable_profiler()
+        start = self.clock()
+        try:
+            return call()
+        finally:
+            if profiled:
+                self.profiler.disable()
+            self.open[stage] += self.clock() - start
+
+    def _enable_profiler(self) -> bool:
+        try:
+            self.profiler.enable()
+            return True
+        except ValueError as error:  # another profiler holds the interpreter: never fail the scheduler
+            self.log(f"{self.name} scheduler profile, rank {self.rank}: off ({error})")
+            self.profiler = None
+            return False
+
+    def summary(self) -> str:
+        count = max(self.count, 1)
+        ms = {key: value * 1e3 / count for key, value in self.sums.items()}
+        rest = ms["period"] - sum(ms[stage] for stage in SCHEDULER_STAGES)
+        stages = " + ".join(f"{stage} {ms[stage]:.3f}" for stage in SCHEDULER_STAGES)
+        return (f"{self.name} scheduler stages, rank {self.rank}, {self.count} decode iterations: period "
+                f"{ms['period']:.3f} ms = {stages} + rest {rest:.3f} (ms)")
+
+
 _SUMMARY = re.compile(
     r"(?P<name>\S+) cycle timing, rank (?P<rank>\d+), (?P<steps>\d+) decode steps \((?P<paired>\d+) after "
     r"another\): host period (?P<host_period>n/a|[\d.]+ ms) \((?P<host_in_forward>[\d.]+) ms in "
     r"forward_batch_generation\), gpu step (?P<gpu_step>[\d.]+) ms \+ idle (?P<gpu_idle>n/a|[\d.]+ ms)")
+
+
+def _profile_report(profiler: cProfile.Profile, top: int, title: str) -> str:
+    """``profiler``'s ``top`` functions of most own time, then of most cumulative time (pstats' listings)."""
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(top)
+    return f"{title}, by own then cumulative time:\n{text.getvalue()}"
+
+
+_STAGE_SUMMARY = re.compile(
+    r"(?P<name>\S+) scheduler stages, rank (?P<rank>\d+), (?P<count>\d+) decode iterations: period "
+    r"(?P<period>[\d.]+) ms = (?P<stages>.*?) \(ms\)")
+
+
+def parse_stage_summaries(text: str) -> list[dict]:
+    """Every :meth:`SchedulerStages.summary` line in ``text``: ``name`` (the speculative algorithm or no-spec),
+    ``rank``, ``count`` and ``period`` / each stage / ``rest`` in ms."""
+    rows = []
+    for m in _STAGE_SUMMARY.finditer(text):
+        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), period=float(m["period"]))
+        for part in m["stages"].split(" + "):
+            stage, value = part.rsplit(" ", 1)
+            row[stage] = float(value)
+        rows.append(row)
+    return rows
 
 
 def parse_summaries(text: str) -> list[dict]:
@@ -174,6 +272,34 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
 
     timed.sgl_eagle_triton_timed = True
     return timed
+
+
+def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, profile_top: int = 0):
+    """``method`` (SGLang's ``Scheduler.<stage>(self, ...)``, one of :data:`SCHEDULER_STAGES`) timed by one
+    :class:`SchedulerStages` per scheduler (made at its first timed call: the scheduler's ``tp_rank``, its
+    ``server_args.speculative_algorithm`` or ``no-spec``). ``run_batch`` first closes the iteration: decode when its
+    batch's ``forward_mode.is_decode()`` (a prefill, an idle or mixed batch breaks the chain)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        stages = self.__dict__.get("_stage_timing")
+        if stages is None:
+            sa = getattr(self, "server_args", None)
+            name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or "no-spec")
+            stages = self._stage_timing = make_stages(every, rank=getattr(self, "tp_rank", 0) or 0, name=name,
+                                                      profile_top=profile_top)
+        if stage == "run_batch":
+            batch = args[0] if args else kwargs.get("batch")
+            stages.iteration(_is_decode(batch))
+        return stages.time(stage, lambda: method(self, *args, **kwargs))
+
+    timed.sgl_eagle_triton_timed = True
+    return timed
+
+
+def _is_decode(batch) -> bool:
+    mode = getattr(batch, "forward_mode", None)
+    return bool(mode is not None and mode.is_decode() and not getattr(batch, "is_extend_in_batch", False))
 
 
 def _cuda_event():

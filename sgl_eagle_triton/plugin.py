@@ -33,7 +33,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
-from sgl_eagle_triton.cycle_timing import timed_forward
+from sgl_eagle_triton.cycle_timing import SCHEDULER_STAGES, timed_forward, timed_stage
 from sgl_eagle_triton.glue import hooks, versions
 from sgl_eagle_triton.glue.args import settings
 
@@ -154,6 +154,18 @@ def _time_eagle_workers(every: int) -> None:
                        f", with the {profile_top} most costly functions of its launches" if profile_top else "")
 
 
+def _time_scheduler_stages(every: int) -> None:
+    """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every SGLang scheduler of this process, speculative or not, logs
+    the host time of its stages per decode iteration (:func:`sgl_eagle_triton.cycle_timing.timed_stage`). Imports
+    SGLang's scheduler module, only with the variable set."""
+    profile_top = config.cycle_profile_top() or 0
+    if hooks.wrap_scheduler_stages(
+            SCHEDULER_STAGES, lambda stage, method: timed_stage(stage, method, every, profile_top=profile_top),
+            "sgl_eagle_triton_timed"):
+        logger.warning("%s: %s=%d: every scheduler of this process logs its stages' host time (diagnostics)",
+                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every)
+
+
 def _refuse_this_sglang(server_args) -> None:
     """The validate hook on an SGLang outside the served releases: refuses the server at start, naming the range."""
     versions.check_supported()
@@ -168,6 +180,7 @@ def register() -> None:
     every = config.cycle_timing_every()
     if every:
         _time_eagle_workers(every)
+        _time_scheduler_stages(every)
     elif every is None:  # EAGLE_TRITON refuses it at start; other servers say they run untimed
         logger.warning("%s: %s=%r is not a whole number of decode steps > 0: no cycle timing", ALGORITHM_NAME,
                        config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))

@@ -184,3 +184,80 @@ def test_summaries_parse_back_from_a_log():
              gpu_idle=1.0),
         dict(name="EAGLE_TRITON", rank=0, steps=3, paired=0, host_period=None, host_in_forward=2.0, gpu_step=6.0,
              gpu_idle=None)]
+
+
+class FakeMode:
+    def __init__(self, decode: bool):
+        self.decode = decode
+
+    def is_decode(self):
+        return self.decode
+
+
+def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_chain():
+    """Three decode iterations of a fake scheduler loop, 10 ms apart: run_batch 4 ms, process_batch_result 3 ms,
+    get_next_batch_to_run 1 ms, the loop's own 2 ms; a prefill iteration between iterations 2 and 3 is not counted,
+    nor is the one after it (its period spans the prefill)."""
+    host, logged = [0.0], []
+    stages = cycle_timing.SchedulerStages(2, rank=1, clock=lambda: host[0] / 1e3, log=logged.append)
+
+    def spend(ms):
+        return lambda: host.__setitem__(0, host[0] + ms)
+
+    def iteration(decode):
+        stages.iteration(decode)
+        stages.time("run_batch", spend(4.0))
+        stages.time("_apply_war_barrier", spend(0.0))
+        stages.time("process_batch_result", spend(3.0))
+        stages.time("process_input_requests", spend(0.0))
+        host[0] += 2.0  # the loop's own work (receiving requests, copying the batch)
+        stages.time("get_next_batch_to_run", spend(1.0))
+
+    for decode in (True, True, True):
+        iteration(decode)
+    assert logged == ["no-spec scheduler stages, rank 1, 2 decode iterations: period 10.000 ms = "
+                      "process_input_requests 0.000 + get_next_batch_to_run 1.000 + run_batch 4.000 + "
+                      "_apply_war_barrier 0.000 + process_batch_result 3.000 + rest 2.000 (ms)"]
+    host[0] += 100.0  # a long pause in the open iteration: counted as that iteration's rest
+    for decode in (False, True, True):
+        iteration(decode)
+    assert stages.count == 1 and stages.sums["period"] * 1e3 == pytest.approx(10.0)  # only the last pair
+    assert cycle_timing.parse_stage_summaries("[TP1] " + logged[0] + "\n") == [dict(
+        name="no-spec", rank=1, count=2, period=10.0, process_input_requests=0.0, get_next_batch_to_run=1.0,
+        run_batch=4.0, _apply_war_barrier=0.0, process_batch_result=3.0, rest=2.0)]
+
+
+def test_a_profiled_scheduler_lists_the_stages_functions_but_not_run_batch():
+    host, logged = [0.0], []
+    stages = cycle_timing.SchedulerStages(1, clock=lambda: host[0], log=logged.append, name="EAGLE3", profile_top=5)
+    for _ in range(2):
+        stages.iteration(True)
+        stages.time("run_batch", _busy_launch_of_the_step)
+        stages.time("process_batch_result", lambda: sorted(range(5000), key=lambda i: -i))
+    assert logged[0].startswith("EAGLE3 scheduler stages, rank 0, 1 decode iterations")
+    assert logged[1].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
+    assert "<lambda>" in logged[1] and "_busy_launch_of_the_step" not in logged[1]
+
+
+def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
+    """The plugin wraps SGLang's Scheduler stages once per process (register() runs more than once); one
+    SchedulerStages per scheduler, named after its speculative algorithm; run_batch's batch decides the chain."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    calls = []
+    for stage in cycle_timing.SCHEDULER_STAGES:
+        monkeypatch.setattr(Scheduler, stage, lambda self, *a, _s=stage, **k: calls.append((_s, a)) or _s)
+    plugin._time_scheduler_stages(9)
+    plugin._time_scheduler_stages(9)
+    assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.tp_rank, scheduler.server_args = 3, SimpleNamespace(speculative_algorithm=None)
+    batch = SimpleNamespace(forward_mode=FakeMode(True), is_extend_in_batch=False)
+    assert scheduler.run_batch(batch) == "run_batch" and scheduler.process_batch_result(batch, "r") == \
+        "process_batch_result"
+    assert calls == [("run_batch", (batch,)), ("process_batch_result", (batch, "r"))]
+    timing = scheduler._stage_timing
+    assert (timing.every, timing.rank, timing.name, timing.profile_top) == (9, 3, "no-spec", 0)
+    assert scheduler._stage_timing._entry is not None  # a decode run_batch opened an iteration
+    scheduler.run_batch(SimpleNamespace(forward_mode=FakeMode(False)))
+    assert scheduler._stage_timing._entry is None and scheduler._stage_timing.count == 0

@@ -222,3 +222,17 @@ def test_the_algorithm_name_in_any_letter_case_is_ours():
     assert config.is_ours(SimpleNamespace(speculative_algorithm="EAGLE_TRITON"))
     assert not config.is_ours(SimpleNamespace(speculative_algorithm="EAGLE3"))
     assert not config.is_ours(SimpleNamespace(speculative_algorithm=None))
+
+
+def test_the_scheduler_stages_the_cycle_timing_wraps_are_this_sglangs():
+    """SGLANG_EAGLE_TRITON_CYCLE_TIMING wraps these Scheduler methods (glue.hooks.wrap_scheduler_stages); run_batch's
+    first argument is the batch whose forward mode closes an iteration."""
+    import inspect
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sgl_eagle_triton.cycle_timing import SCHEDULER_STAGES
+
+    for stage in SCHEDULER_STAGES:
+        assert callable(getattr(Scheduler, stage, None)), stage
+    assert list(inspect.signature(Scheduler.run_batch).parameters)[:2] == ["self", "batch"]

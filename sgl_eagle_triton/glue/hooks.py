@@ -127,6 +127,18 @@ def wrap_eagle_forward(wrap, marker: str) -> bool:
     return True
 
 
+def wrap_scheduler_stages(stages, wrap, marker: str) -> bool:
+    """Every SGLang ``Scheduler`` of this process runs each method named in ``stages`` through
+    ``wrap(name, method)`` (diagnostics); False if already."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    if getattr(getattr(Scheduler, stages[0]), marker, False):
+        return False
+    for name in stages:
+        setattr(Scheduler, name, wrap(name, getattr(Scheduler, name)))
+    return True
+
+
 def global_tp_group():
     """SGLang's process-wide tensor-parallel group (``parallel_state._TP``, a ``GroupCoordinator``); None before SGLang
     initialised its groups (a process without them: CPU tests)."""
