@@ -94,3 +94,27 @@ def test_every_per_op_case_runs_on_the_ranks_shapes(device, tp):
     w, _ = random_draft(True, device, H=64, Hq=4, Hkv=2, D=16, inter=96, vocab=300, draft_vocab=120)
     for ours, reference, weight in drafter.op_cases(w, 3, drafter.rank_weights(w, tp), device).values():
         ours(weight), reference(weight)
+
+
+def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
+    """bench.stage_split: the scheduler stage lines and the worker's host time in forward of one server log, rank 0
+    only, the first line (warm-up) skipped; a log without lines gives '-' cells."""
+    from bench import stage_split
+
+    def stage_line(rank, period, run_batch):
+        return (f"[TP{rank}] EAGLE_TRITON scheduler stages, rank {rank}, 200 decode iterations: period {period:.3f} ms"
+                f" = process_input_requests 0.100 + get_next_batch_to_run 0.200 + run_batch {run_batch:.3f} + "
+                f"_apply_war_barrier 0.010 + process_batch_result 0.500 + rest 0.190 (ms)\n")
+
+    def cycle_line(in_forward):
+        return (f"EAGLE_TRITON cycle timing, rank 0, 200 decode steps (199 after another): host period 3.00 ms "
+                f"({in_forward:.2f} ms in forward_batch_generation), gpu step 1.00 ms + idle 2.00 ms\n")
+
+    log = (stage_line(0, 99.0, 99.0) + cycle_line(9.0) + stage_line(0, 3.0, 2.0) + stage_line(1, 50.0, 50.0)
+           + cycle_line(1.5) + stage_line(0, 3.2, 2.2) + stage_line(0, 3.4, 2.4) + cycle_line(1.7) + cycle_line(1.6))
+    row = stage_split.split(log)
+    assert row["lines"] == 3 and row["period"] == 3.2 and row["run_batch"] == 2.2 and row["rest"] == 0.19
+    assert row["host_in_forward"] == 1.6
+    text = stage_split.table({"ours": row, "nospec": stage_split.split("")})
+    assert "| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 1.600 |" in text
+    assert "| nospec | 0 | - | - | - | - | - | - | - | - |" in text
