@@ -5,10 +5,10 @@ whose servers log to ``<workdir>/<system>.log``)::
     python -m bench.stage_split /tmp/ab/nospec.log /tmp/ab/eagle_triton_off.log [--skip 1]
 
 Per log (rank 0): the median over its summary lines (after the first ``--skip``: start-up and warm-up) of the
-scheduler's period and of each stage (``scheduler stages`` lines: no-spec and speculative servers alike), and of the
-EAGLE worker's host time inside ``forward_batch_generation`` (``cycle timing`` lines: speculative servers only), as a
-markdown table in ms. Medians, since one log mixes the batch sizes a sweep ran (read such a table as shares, or
-give each batch its own run).
+scheduler's period, of each stage and of the garbage collector's time (``scheduler stages`` lines: no-spec and
+speculative servers alike), and of the EAGLE worker's host time inside ``forward_batch_generation`` (``cycle timing``
+lines: speculative servers only), as a markdown table in ms. Medians, since one log mixes the batch sizes a sweep
+ran (read such a table as shares, or give each batch its own run).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sgl_eagle_triton.cycle_timing import SCHEDULER_STAGES, parse_stage_summaries, parse_summaries
 
-COLUMNS = ("period", *SCHEDULER_STAGES, "rest")
+COLUMNS = ("period", *SCHEDULER_STAGES, "rest", "gc", "gc_full")  # gc: inside the stages, not added to them
 
 
 def split(text: str, skip: int = 1) -> dict:

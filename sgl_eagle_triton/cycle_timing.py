@@ -32,14 +32,17 @@ The same variable times the scheduler around every server of the process, specul
 iterations a line gives the scheduler loop's period between two decode ``run_batch`` calls and the host time of each
 stage in it (``process_input_requests``, ``get_next_batch_to_run``, ``run_batch``, ``_apply_war_barrier``,
 ``process_batch_result``; ``rest``: the loop's own work, e.g. receiving requests and copying the batch), so a
-speculative server's scheduler is compared with a no-spec server's stage by stage. With the profile as well, the
-stages other than ``run_batch`` are profiled and listed after each stage line.
+speculative server's scheduler is compared with a no-spec server's stage by stage. The same line gives the time the
+process spent in Python's garbage collector per iteration (inside whichever stage it struck), and how much of it in
+full (generation 2) collections, whose cost grows with every object the process keeps (models, CUDA graph runners).
+With the profile as well, the stages other than ``run_batch`` are profiled and listed after each stage line.
 """
 
 from __future__ import annotations
 
 import cProfile
 import functools
+import gc
 import io
 import logging
 import pstats
@@ -138,6 +141,7 @@ class CycleTiming:
 
 SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "_apply_war_barrier",
                     "process_batch_result")  # glue.hooks.wrap_scheduler_stages wraps these SGLang Scheduler methods
+GC_KEYS = ("gc", "gc_full")  # SchedulerStages: time in Python's garbage collector, all and full collections
 
 
 class SchedulerStages:
@@ -145,25 +149,38 @@ class SchedulerStages:
     ``iteration(decode)`` at each ``run_batch`` entry closes the iteration since the last one (counted when both are
     decode: a prefill between breaks the chain); ``time(stage, call)`` runs ``call()`` and adds its host time to the
     open iteration. ``clock`` returns seconds; ``every`` iterations give one line; ``profile_top`` > 0 profiles the
-    stages other than ``run_batch`` and logs that many functions after each line."""
+    stages other than ``run_batch`` and logs that many functions after each line. ``gc_callbacks``: the list this
+    registers its garbage-collection timer in (Python's ``gc.callbacks``)."""
 
     def __init__(self, every: int, rank: int = 0, clock=time.perf_counter, log=logger.info, name: str = "no-spec",
-                 profile_top: int = 0):
+                 profile_top: int = 0, gc_callbacks: list | None = None):
         self.every, self.rank, self.clock, self.log, self.name = every, rank, clock, log, name
         self.profile_top = profile_top
         self.profiler = cProfile.Profile() if profile_top else None
         self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)  # seconds, the iteration under way
-        self.sums = dict.fromkeys(("period", *SCHEDULER_STAGES), 0.0)  # seconds, the closed iterations
+        self.sums = dict.fromkeys(("period", *SCHEDULER_STAGES, *GC_KEYS), 0.0)  # seconds, the closed iterations
         self.count = 0
         self._entry: float | None = None  # the open iteration's decode run_batch entry (None: not in a chain)
+        self.gc_open = dict.fromkeys(GC_KEYS, 0.0)  # seconds, the open iteration's collections (all, full)
+        self._gc_start: float | None = None
+        (gc.callbacks if gc_callbacks is None else gc_callbacks).append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = self.clock()
+        elif self._gc_start is not None:
+            spent, self._gc_start = self.clock() - self._gc_start, None
+            self.gc_open["gc"] += spent
+            if info.get("generation") == 2:
+                self.gc_open["gc_full"] += spent
 
     def iteration(self, decode: bool) -> None:
         now = self.clock()
         if decode and self._entry is not None:
             self.count += 1
             self.sums["period"] += now - self._entry
-            for stage, seconds in self.open.items():
-                self.sums[stage] += seconds
+            for key, seconds in (*self.open.items(), *self.gc_open.items()):
+                self.sums[key] += seconds
             if self.count >= self.every:
                 self.log(self.summary())
                 if self.profiler is not None and self.profiler.getstats():
@@ -173,6 +190,7 @@ class SchedulerStages:
                 self.sums = dict.fromkeys(self.sums, 0.0)
                 self.count = 0
         self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)
+        self.gc_open = dict.fromkeys(GC_KEYS, 0.0)
         self._entry = now if decode else None
 
     def time(self, stage: str, call):
@@ -200,7 +218,8 @@ class SchedulerStages:
         rest = ms["period"] - sum(ms[stage] for stage in SCHEDULER_STAGES)
         stages = " + ".join(f"{stage} {ms[stage]:.3f}" for stage in SCHEDULER_STAGES)
         return (f"{self.name} scheduler stages, rank {self.rank}, {self.count} decode iterations: period "
-                f"{ms['period']:.3f} ms = {stages} + rest {rest:.3f} (ms)")
+                f"{ms['period']:.3f} ms = {stages} + rest {rest:.3f} (ms); garbage collection {ms['gc']:.3f} ms, "
+                f"full {ms['gc_full']:.3f} ms")
 
 
 _SUMMARY = re.compile(
@@ -220,15 +239,17 @@ def _profile_report(profiler: cProfile.Profile, top: int, title: str) -> str:
 
 _STAGE_SUMMARY = re.compile(
     r"(?P<name>\S+) scheduler stages, rank (?P<rank>\d+), (?P<count>\d+) decode iterations: period "
-    r"(?P<period>[\d.]+) ms = (?P<stages>.*?) \(ms\)")
+    r"(?P<period>[\d.]+) ms = (?P<stages>.*?) \(ms\); garbage collection (?P<gc>[\d.]+) ms, full "
+    r"(?P<gc_full>[\d.]+) ms")
 
 
 def parse_stage_summaries(text: str) -> list[dict]:
     """Every :meth:`SchedulerStages.summary` line in ``text``: ``name`` (the speculative algorithm or no-spec),
-    ``rank``, ``count`` and ``period`` / each stage / ``rest`` in ms."""
+    ``rank``, ``count`` and ``period`` / each stage / ``rest`` / ``gc`` / ``gc_full`` in ms."""
     rows = []
     for m in _STAGE_SUMMARY.finditer(text):
-        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), period=float(m["period"]))
+        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), period=float(m["period"]),
+                   gc=float(m["gc"]), gc_full=float(m["gc_full"]))
         for part in m["stages"].split(" + "):
             stage, value = part.rsplit(" ", 1)
             row[stage] = float(value)

@@ -104,7 +104,8 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
     def stage_line(rank, period, run_batch):
         return (f"[TP{rank}] EAGLE_TRITON scheduler stages, rank {rank}, 200 decode iterations: period {period:.3f} ms"
                 f" = process_input_requests 0.100 + get_next_batch_to_run 0.200 + run_batch {run_batch:.3f} + "
-                f"_apply_war_barrier 0.010 + process_batch_result 0.500 + rest 0.190 (ms)\n")
+                f"_apply_war_barrier 0.010 + process_batch_result 0.500 + rest 0.190 (ms); garbage collection 0.050 "
+                f"ms, full 0.020 ms\n")
 
     def cycle_line(in_forward):
         return (f"EAGLE_TRITON cycle timing, rank 0, 200 decode steps (199 after another): host period 3.00 ms "
@@ -116,5 +117,5 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
     assert row["lines"] == 3 and row["period"] == 3.2 and row["run_batch"] == 2.2 and row["rest"] == 0.19
     assert row["host_in_forward"] == 1.6
     text = stage_split.table({"ours": row, "nospec": stage_split.split("")})
-    assert "| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 1.600 |" in text
-    assert "| nospec | 0 | - | - | - | - | - | - | - | - |" in text
+    assert "| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 0.050 | 0.020 | 1.600 |" in text
+    assert "| nospec | 0 | - | - | - | - | - | - | - | - | - | - |" in text

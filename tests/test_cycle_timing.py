@@ -1,6 +1,7 @@
 """sgl_eagle_triton.cycle_timing (SGLANG_EAGLE_TRITON_CYCLE_TIMING): per-rank host and GPU times of decode steps
 from host clocks and CUDA events read once complete, on fake clocks and events."""
 
+import gc
 from types import SimpleNamespace
 
 import pytest
@@ -197,39 +198,51 @@ class FakeMode:
 def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_chain():
     """Three decode iterations of a fake scheduler loop, 10 ms apart: run_batch 4 ms, process_batch_result 3 ms,
     get_next_batch_to_run 1 ms, the loop's own 2 ms; a prefill iteration between iterations 2 and 3 is not counted,
-    nor is the one after it (its period spans the prefill)."""
-    host, logged = [0.0], []
-    stages = cycle_timing.SchedulerStages(2, rank=1, clock=lambda: host[0] / 1e3, log=logged.append)
+    nor is the one after it (its period spans the prefill). A garbage collection of 0.5 ms strikes inside the
+    second iteration's process_batch_result (a full one) and another of 0.25 ms inside the prefill iteration."""
+    host, logged, callbacks = [0.0], [], []
+    stages = cycle_timing.SchedulerStages(2, rank=1, clock=lambda: host[0] / 1e3, log=logged.append,
+                                          gc_callbacks=callbacks)
+
+    def collect(ms, generation):
+        callbacks[0]("start", {"generation": generation})
+        host[0] += ms
+        callbacks[0]("stop", {"generation": generation})
 
     def spend(ms):
         return lambda: host.__setitem__(0, host[0] + ms)
 
-    def iteration(decode):
+    def iteration(decode, gc_ms=0.0, generation=0):
         stages.iteration(decode)
         stages.time("run_batch", spend(4.0))
         stages.time("_apply_war_barrier", spend(0.0))
-        stages.time("process_batch_result", spend(3.0))
+        stages.time("process_batch_result", lambda: (spend(3.0 - gc_ms)(), gc_ms and collect(gc_ms, generation)))
         stages.time("process_input_requests", spend(0.0))
         host[0] += 2.0  # the loop's own work (receiving requests, copying the batch)
         stages.time("get_next_batch_to_run", spend(1.0))
 
-    for decode in (True, True, True):
-        iteration(decode)
+    iteration(True)
+    iteration(True, gc_ms=0.5, generation=2)
+    iteration(True)
     assert logged == ["no-spec scheduler stages, rank 1, 2 decode iterations: period 10.000 ms = "
                       "process_input_requests 0.000 + get_next_batch_to_run 1.000 + run_batch 4.000 + "
-                      "_apply_war_barrier 0.000 + process_batch_result 3.000 + rest 2.000 (ms)"]
+                      "_apply_war_barrier 0.000 + process_batch_result 3.000 + rest 2.000 (ms); garbage collection "
+                      "0.250 ms, full 0.250 ms"]
     host[0] += 100.0  # a long pause in the open iteration: counted as that iteration's rest
-    for decode in (False, True, True):
-        iteration(decode)
+    iteration(False, gc_ms=0.25, generation=1)
+    iteration(True)
+    iteration(True)
     assert stages.count == 1 and stages.sums["period"] * 1e3 == pytest.approx(10.0)  # only the last pair
+    assert stages.sums["gc"] == 0.0  # the prefill iteration's collection is not counted
     assert cycle_timing.parse_stage_summaries("[TP1] " + logged[0] + "\n") == [dict(
         name="no-spec", rank=1, count=2, period=10.0, process_input_requests=0.0, get_next_batch_to_run=1.0,
-        run_batch=4.0, _apply_war_barrier=0.0, process_batch_result=3.0, rest=2.0)]
+        run_batch=4.0, _apply_war_barrier=0.0, process_batch_result=3.0, rest=2.0, gc=0.25, gc_full=0.25)]
 
 
 def test_a_profiled_scheduler_lists_the_stages_functions_but_not_run_batch():
     host, logged = [0.0], []
-    stages = cycle_timing.SchedulerStages(1, clock=lambda: host[0], log=logged.append, name="EAGLE3", profile_top=5)
+    stages = cycle_timing.SchedulerStages(1, clock=lambda: host[0], log=logged.append, name="EAGLE3", profile_top=5,
+                                          gc_callbacks=[])
     for _ in range(2):
         stages.iteration(True)
         stages.time("run_batch", _busy_launch_of_the_step)
@@ -252,6 +265,7 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)
     scheduler.tp_rank, scheduler.server_args = 3, SimpleNamespace(speculative_algorithm=None)
+    callbacks = list(gc.callbacks)
     batch = SimpleNamespace(forward_mode=FakeMode(True), is_extend_in_batch=False)
     assert scheduler.run_batch(batch) == "run_batch" and scheduler.process_batch_result(batch, "r") == \
         "process_batch_result"
@@ -261,3 +275,5 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     assert scheduler._stage_timing._entry is not None  # a decode run_batch opened an iteration
     scheduler.run_batch(SimpleNamespace(forward_mode=FakeMode(False)))
     assert scheduler._stage_timing._entry is None and scheduler._stage_timing.count == 0
+    assert gc.callbacks[len(callbacks):] == [timing._on_gc]  # the scheduler's collections are timed
+    gc.callbacks[:] = callbacks
