@@ -36,6 +36,9 @@ speculative server's scheduler is compared with a no-spec server's stage by stag
 process spent in Python's garbage collector per iteration (inside whichever stage it struck), and how much of it in
 full (generation 2) collections, whose cost grows with every object the process keeps (models, CUDA graph runners).
 With the profile as well, the stages other than ``run_batch`` are profiled and listed after each stage line.
+A stage called inside another (e.g. result processing inside request handling) counts in the outer one only. Under
+overlap scheduling the first decode iteration after a prefill is not counted (it holds the prefill's result
+processing); collections in other threads of the process count too.
 """
 
 from __future__ import annotations
@@ -163,6 +166,7 @@ class SchedulerStages:
         self._entry: float | None = None  # the open iteration's decode run_batch entry (None: not in a chain)
         self.gc_open = dict.fromkeys(GC_KEYS, 0.0)  # seconds, the open iteration's collections (all, full)
         self._gc_start: float | None = None
+        self._depth = 0  # stages under way (a nested stage counts in the outer one)
         (gc.callbacks if gc_callbacks is None else gc_callbacks).append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -194,16 +198,22 @@ class SchedulerStages:
         self._entry = now if decode else None
 
     def time(self, stage: str, call):
-        profiled = self.profiler is not None and stage != "run_batch" and self._enable_profiler()
+        if self._depth:
+            return call()
+        profiler = self.profiler if stage != "run_batch" and self._enable_profiler() else None
+        self._depth += 1
         start = self.clock()
         try:
             return call()
         finally:
-            if profiled:
-                self.profiler.disable()
+            self._depth -= 1
+            if profiler is not None:
+                profiler.disable()
             self.open[stage] += self.clock() - start
 
     def _enable_profiler(self) -> bool:
+        if self.profiler is None:
+            return False
         try:
             self.profiler.enable()
             return True
@@ -297,7 +307,7 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
 
 def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, profile_top: int = 0):
     """``method`` (SGLang's ``Scheduler.<stage>(self, ...)``, one of :data:`SCHEDULER_STAGES`) timed by one
-    :class:`SchedulerStages` per scheduler (made at its first timed call: the scheduler's ``tp_rank``, its
+    :class:`SchedulerStages` per scheduler (made at its first timed call: its TP rank (glue.hooks.tp_rank_of), its
     ``server_args.speculative_algorithm`` or ``no-spec``). ``run_batch`` first closes the iteration: decode when its
     batch's ``forward_mode.is_decode()`` (a prefill, an idle or mixed batch breaks the chain)."""
 
@@ -307,7 +317,7 @@ def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, pro
         if stages is None:
             sa = getattr(self, "server_args", None)
             name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or "no-spec")
-            stages = self._stage_timing = make_stages(every, rank=getattr(self, "tp_rank", 0) or 0, name=name,
+            stages = self._stage_timing = make_stages(every, rank=tp_rank_of(self), name=name,
                                                       profile_top=profile_top)
         if stage == "run_batch":
             batch = args[0] if args else kwargs.get("batch")

@@ -159,11 +159,13 @@ def _time_scheduler_stages(every: int) -> None:
     the host time of its stages per decode iteration (:func:`sgl_eagle_triton.cycle_timing.timed_stage`). Imports
     SGLang's scheduler module, only with the variable set."""
     profile_top = config.cycle_profile_top() or 0
-    if hooks.wrap_scheduler_stages(
-            SCHEDULER_STAGES, lambda stage, method: timed_stage(stage, method, every, profile_top=profile_top),
-            "sgl_eagle_triton_timed"):
-        logger.warning("%s: %s=%d: every scheduler of this process logs its stages' host time (diagnostics)",
-                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every)
+    missing = hooks.wrap_scheduler_stages(
+        SCHEDULER_STAGES, lambda stage, method: timed_stage(stage, method, every, profile_top=profile_top),
+        "sgl_eagle_triton_timed")
+    if missing is not None:
+        logger.warning("%s: %s=%d: every scheduler of this process logs its stages' host time (diagnostics)%s",
+                       ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
+                       f"; this SGLang has no {', '.join(missing)} (counted in rest)" if missing else "")
 
 
 def _refuse_this_sglang(server_args) -> None:

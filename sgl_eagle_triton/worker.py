@@ -254,12 +254,18 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     # start from them until a full draft extend ran).
     fill_kv_only = False
     draft_stale = False
+    # set by the plain steps 0 (EagleTritonWorkerV2.verify): called once this step's fill has been launched, so the
+    # scheduler's WAR barrier waits for the fill's reads too (the step's last phase that reads shared buffers)
+    read_done_after_fill = None
     _fill_graphs: RowGraphs | None = None  # steps 0's KV fill, one CUDA graph per batch size (capture_draft_kv)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         if self.fill_kv_only and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
             self.fill_draft_kv(batch, batch_result)
             self.draft_stale = True
+            publish, self.read_done_after_fill = self.read_done_after_fill, None
+            if publish is not None:
+                publish()
             return None
         result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
         if not batch.forward_mode.is_idle():  # an idle batch extends nobody: the running requests keep their state
@@ -617,11 +623,16 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             return self.plain_off.verify_input(batch, self.topk)
         return super()._build_trivial_verify_input(batch, *args, **kwargs)
 
+    def _publish_read_done(self) -> None:
+        glue.publish_read_done(self)
+
     def verify(self, batch, *args, **kwargs):
         if self._plain_now:  # SGLang's steps-0 flow: the input just built was the plain step's
             self._plain_now = False
             result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
-            glue.publish_read_done(self)  # the scheduler's WAR barrier then takes its fast path, as after a decode
+            # the scheduler's WAR barrier then takes its fast path, as after a decode step: the event is recorded
+            # once the draft KV fill that follows (SGLang's steps-0 flow) has been launched
+            self.draft_worker.read_done_after_fill = self._publish_read_done
             return result
         expected = None
         if self._verify_checks_left and not batch.forward_mode.is_idle():

@@ -264,16 +264,46 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     plugin._time_scheduler_stages(9)
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)
-    scheduler.tp_rank, scheduler.server_args = 3, SimpleNamespace(speculative_algorithm=None)
+    scheduler.ps, scheduler.server_args = SimpleNamespace(tp_rank=3), SimpleNamespace(speculative_algorithm=None)
     callbacks = list(gc.callbacks)
     batch = SimpleNamespace(forward_mode=FakeMode(True), is_extend_in_batch=False)
-    assert scheduler.run_batch(batch) == "run_batch" and scheduler.process_batch_result(batch, "r") == \
-        "process_batch_result"
-    assert calls == [("run_batch", (batch,)), ("process_batch_result", (batch, "r"))]
-    timing = scheduler._stage_timing
-    assert (timing.every, timing.rank, timing.name, timing.profile_top) == (9, 3, "no-spec", 0)
-    assert scheduler._stage_timing._entry is not None  # a decode run_batch opened an iteration
-    scheduler.run_batch(SimpleNamespace(forward_mode=FakeMode(False)))
-    assert scheduler._stage_timing._entry is None and scheduler._stage_timing.count == 0
-    assert gc.callbacks[len(callbacks):] == [timing._on_gc]  # the scheduler's collections are timed
-    gc.callbacks[:] = callbacks
+    try:
+        assert scheduler.run_batch(batch) == "run_batch" and scheduler.process_batch_result(batch, "r") == \
+            "process_batch_result"
+        assert calls == [("run_batch", (batch,)), ("process_batch_result", (batch, "r"))]
+        timing = scheduler._stage_timing
+        assert (timing.every, timing.rank, timing.name, timing.profile_top) == (9, 3, "no-spec", 0)
+        assert scheduler._stage_timing._entry is not None  # a decode run_batch opened an iteration
+        scheduler.run_batch(SimpleNamespace(forward_mode=FakeMode(False)))
+        assert scheduler._stage_timing._entry is None and scheduler._stage_timing.count == 0
+        assert gc.callbacks[len(callbacks):] == [timing._on_gc]  # the scheduler's collections are timed
+    finally:
+        gc.callbacks[:] = callbacks
+
+
+def test_a_nested_stage_counts_in_the_outer_one_and_a_refused_profiler_never_fails_a_stage():
+    """process_batch_result inside process_input_requests (SGLang pauses generation from a request) counts once, in
+    the outer stage; a profiler another one holds is logged once and the stages run on unprofiled."""
+    host, logged = [0.0], []
+    stages = cycle_timing.SchedulerStages(1, clock=lambda: host[0] / 1e3, log=logged.append, profile_top=3,
+                                          gc_callbacks=[])
+
+    class Refusing:
+        def enable(self):
+            raise ValueError("Another profiling tool is already active")
+
+    stages.profiler = Refusing()
+    stages.iteration(True)
+
+    def inner():
+        host[0] += 2.0
+
+    def outer():
+        host[0] += 1.0
+        stages.time("process_batch_result", inner)
+
+    stages.time("process_input_requests", outer)
+    assert stages.open["process_input_requests"] * 1e3 == pytest.approx(3.0)
+    assert stages.open["process_batch_result"] == 0.0
+    assert stages.profiler is None and logged == ["no-spec scheduler profile, rank 0: off (Another profiling tool "
+                                                  "is already active)"]

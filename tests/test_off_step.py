@@ -172,7 +172,9 @@ def test_steps_0_takes_the_plain_step_when_it_fills_the_kv_only_and_serves_the_b
     batch = _batch()
     assert isinstance(w._build_trivial_verify_input(batch), EagleVerifyInput)
     assert w.verify(batch, grammar_barrier=None) == "plain" and ran == [(w.plain_off, "target", "rows")]
-    assert published == [w] and not w._plain_now  # the WAR barrier's event; the choice is used once
+    assert published == [] and not w._plain_now  # the choice is used once
+    w._draft_worker.read_done_after_fill()  # the WAR barrier's event, published by the fill (next test)
+    assert published == [w]
     for why in ({"return_logprob": True}, {"grammar": True}):
         assert w._build_trivial_verify_input(_batch(**why)) == "sglang's input"
         assert w.verify(_batch(**why)) == "sglang's verify"
@@ -181,6 +183,19 @@ def test_steps_0_takes_the_plain_step_when_it_fills_the_kv_only_and_serves_the_b
     w._draft_worker.fill_kv_only, w.plain_off = True, None  # the variable unset
     assert w._build_trivial_verify_input(batch) == "sglang's input" and w.verify(batch) == "sglang's verify"
     assert len(ran) == 1 and len(published) == 1
+
+
+def test_the_read_done_event_is_published_after_the_steps_0_fill_once(monkeypatch):
+    """The plain step's WAR event comes after the draft KV fill (the step's last reads of shared buffers), once: a
+    later fill without a plain step publishes nothing."""
+    d = TritonEagleDraftWorker.__new__(TritonEagleDraftWorker)
+    d.fill_kv_only, d.speculative_num_steps, order = True, 0, []
+    monkeypatch.setattr(TritonEagleDraftWorker, "fill_draft_kv", lambda self, batch, result: order.append("fill"))
+    d.read_done_after_fill = lambda: order.append("event")
+    batch = _batch()
+    assert d._draft_extend_for_decode(batch, "result") is None and order == ["fill", "event"]
+    d._draft_extend_for_decode(batch, "result")
+    assert order == ["fill", "event", "fill"] and d.read_done_after_fill is None and d.draft_stale
 
 
 def test_the_plain_step_is_refused_at_start_where_it_cannot_run(monkeypatch):

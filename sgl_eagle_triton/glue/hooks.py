@@ -127,16 +127,18 @@ def wrap_eagle_forward(wrap, marker: str) -> bool:
     return True
 
 
-def wrap_scheduler_stages(stages, wrap, marker: str) -> bool:
+def wrap_scheduler_stages(stages, wrap, marker: str) -> list[str] | None:
     """Every SGLang ``Scheduler`` of this process runs each method named in ``stages`` through
-    ``wrap(name, method)`` (diagnostics); False if already."""
+    ``wrap(name, method)`` (diagnostics); returns the names this SGLang lacks (not wrapped), None if already
+    wrapped."""
     from sglang.srt.managers.scheduler import Scheduler
 
-    if getattr(getattr(Scheduler, stages[0]), marker, False):
-        return False
-    for name in stages:
+    present = [name for name in stages if callable(getattr(Scheduler, name, None))]
+    if not present or getattr(getattr(Scheduler, present[0]), marker, False):
+        return None
+    for name in present:
         setattr(Scheduler, name, wrap(name, getattr(Scheduler, name)))
-    return True
+    return [name for name in stages if name not in present]
 
 
 def global_tp_group():
