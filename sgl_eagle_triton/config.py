@@ -460,8 +460,8 @@ def _validate(sa) -> None:
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
     if os.environ.get(PLAIN_OFF_ENV, "0") not in ("0", "1"):
-        _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 as a plain decode step, untested "
-                "on GPUs) or 0, or unset it.")
+        _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 as a plain decode step) or 0, "
+                "or unset it.")
     if plain_off() and not sa.speculative_adaptive:
         _refuse(f"{PLAIN_OFF_ENV}=1 without --speculative-adaptive (it changes adaptive steps 0)",
                 f"Add --speculative-adaptive with 0 among the candidate steps, or unset {PLAIN_OFF_ENV}.")

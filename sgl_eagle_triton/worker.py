@@ -15,8 +15,9 @@ swapped in by the plugin's hook). The draft, its tree building and token selecti
   a decode step (:func:`sgl_eagle_triton.verify.one_node_verify_attention`, when SGLang builds the state), and
   the draft extend is replaced by a fill of the committed tokens' draft KV
   (:meth:`TritonEagleDraftWorker.fill_draft_kv`); the move back to drafting runs one more step at 0 with the full
-  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (untested on
-  GPUs) its verify is a plain decode step instead (:mod:`sgl_eagle_triton.off_step`);
+  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (greedy
+  requests tested on a GPU, sampled ones not) its verify is a plain decode step instead
+  (:mod:`sgl_eagle_triton.off_step`);
 - under ``--tp`` > 1: the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:

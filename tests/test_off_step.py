@@ -214,6 +214,10 @@ def test_the_plain_step_is_refused_at_start_where_it_cannot_run(monkeypatch):
         w.start_plain_off()
     backend = verify.one_node_verify_attention(TritonAttnBackend.__new__(TritonAttnBackend))
     w.adaptive_controller._states[0].target_attn_backend = backend
+    w._draft_worker._tensor_parallel = object()
+    with pytest.raises(RuntimeError, match="the draft runs under tensor parallelism"):
+        w.start_plain_off()
+    w._draft_worker._tensor_parallel = None
     w.start_plain_off()
     assert isinstance(w.plain_off, PlainOff)
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")

@@ -627,6 +627,10 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         _args()
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
     _args()
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    args = _args("--speculative-adaptive")
+    with pytest.raises(EagleTritonConfigError, match=re.escape("PLAIN_OFF=1 with --tp 2") + ".*Use --tp 1"):
+        config._validate(Overlay(args.record, tp_size=2))
 
 
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "wave", "torch_native"])
