@@ -223,6 +223,15 @@ def warm_up(url: str, batch: int, real: bool = False) -> None:
         list(pool.map(lambda p: timed_request(url, p), prompts_for(batch, 1, real)))
 
 
+def freeze_gc(ready: list[tuple], real: bool) -> None:
+    """``--freeze-gc``: each ready ``(system, shape, server, attention)`` serves one request, then its tokenizer,
+    scheduler and detokenizer freeze their garbage collectors (SGLang's ``/freeze_gc``): the objects alive then are
+    never collected again, so full collections no longer walk the models and graph runners."""
+    for _, _, server, _ in ready:
+        timed_request(server.url, prompts_for(1, 98, real)[0])
+        server.post("/freeze_gc", {})
+
+
 def measure(url: str, batch: int, real: bool = False, first_round: int = 0, rounds: int | None = None,
             warm: bool = True) -> dict:
     """After :func:`warm_up` (unless ``warm`` is False), ``rounds`` (default :func:`rounds_for`) rounds of ``batch``
@@ -248,7 +257,7 @@ def card(r: dict) -> str:
 
 def row_key(r: dict) -> tuple:
     return (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r),
-            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False))
+            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False), r.get("freeze_gc", False))
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -261,8 +270,9 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    extra = " ".join(x for x in (r.get("env"), r.get("flags"), "round-robin" if r.get("round_robin") else "")
-                     if x)  # --server-env, --server-flags, --round-robin
+    extra = " ".join(x for x in (r.get("env"), r.get("flags"), "round-robin" if r.get("round_robin") else "",
+                                 "freeze-gc" if r.get("freeze_gc") else "")
+                     if x)  # --server-env, --server-flags, --round-robin, --freeze-gc
     if extra:
         name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name
@@ -318,7 +328,8 @@ def paired_table(by_batch: dict) -> str:
             for other in sorted(group, key=lambda o: -o["tok_per_s"]):
                 p = (paired_ratio(r.get("runs", []), other.get("runs", []))
                      if other is not r and card(other) == card(r) and other.get("session") == r.get("session")
-                     and other.get("round_robin") == r.get("round_robin") else None)
+                     and other.get("round_robin") == r.get("round_robin")
+                     and other.get("freeze_gc") == r.get("freeze_gc") else None)
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
     return paired_section("tok/s ratios", "systems", lines)
@@ -373,6 +384,10 @@ def parse_args(argv=None):
     parser.add_argument("--interleave", action="store_true",
                         help="with --real-pair: start every server at once and measure them batch by batch, each "
                              "batch twice (--repeats) in alternating order (rows: the mean, 'runs' each)")
+    parser.add_argument("--freeze-gc", action="store_true",
+                        help="with --interleave: once every server is up and has served one request, freeze its "
+                             "processes' garbage collector (SGLang's POST /freeze_gc), every system alike (rows: "
+                             "'freeze_gc')")
     parser.add_argument("--report", type=Path, help="only write the table and plot of this JSON")
     parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
                         "cards, each with its own no-spec) into --out, with its table and plot")
@@ -397,6 +412,8 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --repeats: at least 1")
     if args.round_robin and not args.interleave:
         raise SystemExit("bench.adaptive: --round-robin needs --interleave")
+    if args.freeze_gc and not args.interleave:
+        raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
     if args.interleave and not args.real_pair:
         raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
                          "together)")
@@ -419,6 +436,8 @@ def main(argv=None):
         meta["session"] = datetime.datetime.now().isoformat(timespec="seconds")
     if args.round_robin:  # its rows never replace, nor are replaced by, rows measured a whole measurement per run
         meta["round_robin"] = True
+    if args.freeze_gc:
+        meta["freeze_gc"] = True
     # the working directory (this tree) and everything the servers' path had, after the other tree
     before = before_tree_env(args.before_tree, os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     servers = [(system, shape) for system in args.systems
@@ -464,6 +483,8 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
         ready = bring_up([[s for s in servers if is_cost(s)], [s for s in servers if not is_cost(s)]], start,
                          verify_attention, started)
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
+        if args.freeze_gc:
+            freeze_gc(ready, args.real_pair)
         for i, batch in enumerate(args.batches):
             if args.round_robin:  # every server warmed up first, then one round per run: run r on round r's prompts
                 for entry in measurement_order(ready, i, 1):

@@ -4,9 +4,9 @@ starts (its flags), waits for and stops, in order."""
 
 class ServerLog:
     """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
-    argument list), ``envs`` (each one's environment), ``events`` (``("start" | "ready" | "stop", name)`` in order)
-    and ``stopped`` (names); ``/server_info`` answers ``state`` as its ``internal_states[0]``, ``log()``
-    ``log_text``."""
+    argument list), ``envs`` (each one's environment), ``events`` (``("start" | "ready" | "post <path>" | "stop",
+    name)`` in order) and ``stopped`` (names); ``/server_info`` answers ``state`` as its ``internal_states[0]``,
+    ``log()`` ``log_text``."""
 
     def __init__(self, state: dict | None = None, log_text: str = ""):
         self.started, self.envs, self.events, self.stopped = [], [], [], []
@@ -30,6 +30,10 @@ class ServerLog:
 
             def log(self):
                 return log.log_text
+
+            def post(self, path, body):
+                log.events.append(("post " + path, self.name))
+                return ""
 
             def stop(self):
                 log.stopped.append(self.name)

@@ -305,3 +305,28 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
         adaptive.parse_args(["--systems", "eagle_triton_before", "--real-pair"])
     args = adaptive.parse_args(["--systems", "eagle_triton_before", "--before-tree", "/old"])
     assert args.before_tree == Path("/old")
+
+
+def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_path, monkeypatch):
+    """``--freeze-gc`` (with ``--interleave``): once all servers are up, each serves one request and then gets SGLang's
+    ``/freeze_gc``, all before the first measurement; rows carry ``freeze_gc`` (part of their key and label)."""
+    servers, calls = ServerLog(), []
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: servers.events.append(("request", url)))
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: calls.append(url) or servers.events.append(
+        ("measure", url)) or {"tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    argv = ["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
+            str(out), "--real-pair", "--freeze-gc", "--repeats", "1"]
+    with pytest.raises(SystemExit, match="--freeze-gc needs --interleave"):
+        adaptive.main(argv)
+    adaptive.main([*argv, "--interleave"])
+    events = [e for e in servers.events if e[0] not in ("start", "ready", "stop")]
+    assert events[:4] == [("request", "nospec"), ("post /freeze_gc", "nospec"), ("request", "eagle_triton_off"),
+                          ("post /freeze_gc", "eagle_triton_off")]
+    assert sorted(calls) == ["eagle_triton_off", "nospec"] and all(e[0] == "measure" for e in events[4:])
+    rows = json.loads(out.read_text())
+    assert [r["freeze_gc"] for r in rows] == [True, True]
+    assert "nospec {freeze-gc}" in out.with_suffix(".md").read_text()
