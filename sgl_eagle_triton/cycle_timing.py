@@ -84,7 +84,7 @@ class CycleTiming:
     def step(self, launch):
         enter, start = self.clock(), self.event()
         try:
-            if self.profiler is None or not self._enable_profiler():
+            if self.profiler is None or not _enable_profiler(self, f"{self.name} cycle profile, rank {self.rank}"):
                 return launch()
             try:
                 return launch()
@@ -113,17 +113,6 @@ class CycleTiming:
                     self.profiler = cProfile.Profile()
                 self.sums = dict.fromkeys(self.sums, 0.0)
                 self.counts = dict(paired=0, steps=0)
-
-    def _enable_profiler(self) -> bool:
-        """Profile the next launch; where another profiler holds the interpreter (Python >= 3.12 refuses a second
-        one), log it once and profile no more: a diagnostic never fails a decode step."""
-        try:
-            self.profiler.enable()
-            return True
-        except ValueError as error:
-            self.log(f"{self.name} cycle profile, rank {self.rank}: off ({error})")
-            self.profiler = None
-            return False
 
     def profile_report(self) -> str:
         """The profiled launches since the last report: the ``profile_top`` functions of most own time, then of most
@@ -200,7 +189,8 @@ class SchedulerStages:
     def time(self, stage: str, call):
         if self._depth:
             return call()
-        profiler = self.profiler if stage != "run_batch" and self._enable_profiler() else None
+        profiler = (self.profiler if self.profiler is not None and stage != "run_batch"
+                    and _enable_profiler(self, f"{self.name} scheduler profile, rank {self.rank}") else None)
         self._depth += 1
         start = self.clock()
         try:
@@ -210,17 +200,6 @@ class SchedulerStages:
             if profiler is not None:
                 profiler.disable()
             self.open[stage] += self.clock() - start
-
-    def _enable_profiler(self) -> bool:
-        if self.profiler is None:
-            return False
-        try:
-            self.profiler.enable()
-            return True
-        except ValueError as error:  # another profiler holds the interpreter: never fail the scheduler
-            self.log(f"{self.name} scheduler profile, rank {self.rank}: off ({error})")
-            self.profiler = None
-            return False
 
     def summary(self) -> str:
         count = max(self.count, 1)
@@ -236,6 +215,19 @@ _SUMMARY = re.compile(
     r"(?P<name>\S+) cycle timing, rank (?P<rank>\d+), (?P<steps>\d+) decode steps \((?P<paired>\d+) after "
     r"another\): host period (?P<host_period>n/a|[\d.]+ ms) \((?P<host_in_forward>[\d.]+) ms in "
     r"forward_batch_generation\), gpu step (?P<gpu_step>[\d.]+) ms \+ idle (?P<gpu_idle>n/a|[\d.]+ ms)")
+
+
+def _enable_profiler(owner, title: str) -> bool:
+    """Start ``owner.profiler`` (a :class:`CycleTiming`'s or :class:`SchedulerStages`'s, not None); where another
+    profiler holds the interpreter (Python >= 3.12 refuses a second one), log it once through ``owner.log`` and
+    profile no more: a diagnostic never fails a step."""
+    try:
+        owner.profiler.enable()
+        return True
+    except ValueError as error:
+        owner.log(f"{title}: off ({error})")
+        owner.profiler = None
+        return False
 
 
 def _profile_report(profiler: cProfile.Profile, top: int, title: str) -> str:
