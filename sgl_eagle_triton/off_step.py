@@ -59,7 +59,7 @@ class PlainOff:
         """SGLang's one-node verify input of ``batch`` (its ``spec_info``: the relayed draft input), as its
         ``_build_trivial_verify_input`` builds it less the mask (none is read) and the launches."""
         retrieve_index, retrieve_next, _ = self._for(batch.seq_lens.shape[0])
-        positions = batch.seq_lens if batch.seq_lens.dtype == torch.int64 else batch.seq_lens.to(torch.int64)
+        positions = batch.seq_lens.to(torch.int64)  # the tensor itself when already int64
         return glue.one_node_verify_input(batch.spec_info.bonus_tokens, positions, retrieve_index, retrieve_next, topk)
 
     def step(self, batch, target_worker, req_to_token: torch.Tensor):
