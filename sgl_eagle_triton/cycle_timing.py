@@ -280,12 +280,7 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
 
     @functools.wraps(forward)
     def timed(self, batch, *args, **kwargs):
-        timing = self.__dict__.get("_cycle_timing")
-        if timing is None:
-            sa = getattr(self, "server_args", None)
-            name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or "EAGLE")
-            timing = self._cycle_timing = make_timing(every, rank=tp_rank_of(self), name=name,
-                                                      profile_top=profile_top)
+        timing = _timer_of(self, "_cycle_timing", make_timing, every, profile_top, "EAGLE")
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             timing.break_chain()
             return forward(self, batch, *args, **kwargs)
@@ -297,6 +292,19 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
     return timed
 
 
+def _timer_of(owner, attribute: str, make, every: int, profile_top: int, default_name: str):
+    """``owner``'s timer kept as ``attribute`` (an SGLang worker's or scheduler's), made at the first call as
+    ``make(every, rank=<its TP rank (glue.hooks.tp_rank_of)>, name=<its server_args.speculative_algorithm, else
+    default_name>, profile_top=profile_top)``."""
+    timer = owner.__dict__.get(attribute)
+    if timer is None:
+        sa = getattr(owner, "server_args", None)
+        name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or default_name)
+        timer = make(every, rank=tp_rank_of(owner), name=name, profile_top=profile_top)
+        setattr(owner, attribute, timer)
+    return timer
+
+
 def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, profile_top: int = 0):
     """``method`` (SGLang's ``Scheduler.<stage>(self, ...)``, one of :data:`SCHEDULER_STAGES`) timed by one
     :class:`SchedulerStages` per scheduler (made at its first timed call: its TP rank (glue.hooks.tp_rank_of), its
@@ -305,12 +313,7 @@ def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, pro
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        stages = self.__dict__.get("_stage_timing")
-        if stages is None:
-            sa = getattr(self, "server_args", None)
-            name = str(getattr(settings(sa) if sa is not None else None, "speculative_algorithm", None) or "no-spec")
-            stages = self._stage_timing = make_stages(every, rank=tp_rank_of(self), name=name,
-                                                      profile_top=profile_top)
+        stages = _timer_of(self, "_stage_timing", make_stages, every, profile_top, "no-spec")
         if stage == "run_batch":
             batch = args[0] if args else kwargs.get("batch")
             stages.iteration(_is_decode(batch))
