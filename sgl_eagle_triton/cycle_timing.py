@@ -35,7 +35,9 @@ stage in it (``process_input_requests``, ``get_next_batch_to_run``, ``run_batch`
 speculative server's scheduler is compared with a no-spec server's stage by stage. The same line gives the time the
 process spent in Python's garbage collector per iteration (inside whichever stage it struck), and how much of it in
 full (generation 2) collections, whose cost grows with every object the process keeps (models, CUDA graph runners).
-With the profile as well, the stages other than ``run_batch`` are profiled and listed after each stage line.
+With the profile as well, every stage is profiled, ``run_batch`` included (the worker's launch listing is then part
+of the scheduler's: the plugin profiles the workers apart only where no scheduler stage is timed), and listed after
+each stage line.
 A stage called inside another (e.g. result processing inside request handling) counts in the outer one only. Under
 overlap scheduling the first decode iteration after a prefill is not counted (it holds the prefill's result
 processing); collections in other threads of the process count too.
@@ -140,8 +142,9 @@ class SchedulerStages:
     """Host time of one SGLang scheduler's stages per decode iteration (see the module's docstring).
     ``iteration(decode)`` at each ``run_batch`` entry closes the iteration since the last one (counted when both are
     decode: a prefill between breaks the chain); ``time(stage, call)`` runs ``call()`` and adds its host time to the
-    open iteration. ``clock`` returns seconds; ``every`` iterations give one line; ``profile_top`` > 0 profiles the
-    stages other than ``run_batch`` and logs that many functions after each line. ``gc_callbacks``: the list this
+    open iteration. ``clock`` returns seconds; ``every`` iterations give one line; ``profile_top`` > 0 profiles every
+    stage, ``run_batch`` included (SGLang's host work around the worker's ``forward_batch_generation`` and that call's
+    own), and logs that many functions after each line. ``gc_callbacks``: the list this
     registers its garbage-collection timer in (Python's ``gc.callbacks``)."""
 
     def __init__(self, every: int, rank: int = 0, clock=time.perf_counter, log=logger.info, name: str = "no-spec",
@@ -189,7 +192,7 @@ class SchedulerStages:
     def time(self, stage: str, call):
         if self._depth:
             return call()
-        profiler = (self.profiler if self.profiler is not None and stage != "run_batch"
+        profiler = (self.profiler if self.profiler is not None
                     and _enable_profiler(self, f"{self.name} scheduler profile, rank {self.rank}") else None)
         self._depth += 1
         start = self.clock()

@@ -141,12 +141,12 @@ def _simulate_stock_acceptance() -> None:
                        ALGORITHM_NAME, simulated_acceptance.profile_name())
 
 
-def _time_eagle_workers(every: int) -> None:
+def _time_eagle_workers(every: int, profile_top: int) -> None:
     """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every ``EAGLEWorkerV2`` of this process, stock EAGLE / EAGLE3
     and ours (whose ``forward_batch_generation`` calls the parent's), logs its decode steps' timing
     (:func:`sgl_eagle_triton.cycle_timing.timed_forward`); subclasses that override the method without calling it
-    (SGLang's MTP variants) are not timed. Imports SGLang's EAGLE worker module, only with the variable set."""
-    profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
+    (SGLang's MTP variants) are not timed; ``profile_top`` > 0 profiles their launches too. Imports SGLang's EAGLE
+    worker module, only with the variable set."""
     if hooks.wrap_eagle_forward(lambda forward: timed_forward(forward, every, profile_top=profile_top),
                                 "sgl_eagle_triton_timed"):
         logger.warning("%s: %s=%d: every EAGLE server of this process logs its decode cycle timing (diagnostics)%s",
@@ -154,11 +154,11 @@ def _time_eagle_workers(every: int) -> None:
                        f", with the {profile_top} most costly functions of its launches" if profile_top else "")
 
 
-def _time_scheduler_stages(every: int) -> None:
+def _time_scheduler_stages(every: int, profile_top: int) -> bool:
     """Diagnostics (:data:`config.CYCLE_TIMING_ENV`): every SGLang scheduler of this process, speculative or not, logs
     the host time of its stages per decode iteration (:func:`sgl_eagle_triton.cycle_timing.timed_stage`). Imports
-    SGLang's scheduler module, only with the variable set."""
-    profile_top = config.cycle_profile_top() or 0
+    SGLang's scheduler module, only with the variable set. ``profile_top`` > 0 profiles every stage, ``run_batch``
+    (and in it the worker's launch) included. True where this SGLang's scheduler has a ``run_batch`` to time."""
     missing = hooks.wrap_scheduler_stages(
         SCHEDULER_STAGES, lambda stage, method: timed_stage(stage, method, every, profile_top=profile_top),
         "sgl_eagle_triton_timed")
@@ -166,6 +166,7 @@ def _time_scheduler_stages(every: int) -> None:
         logger.warning("%s: %s=%d: every scheduler of this process logs its stages' host time (diagnostics)%s",
                        ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
                        f"; this SGLang has no {', '.join(missing)} (counted in rest)" if missing else "")
+    return missing is None or "run_batch" not in missing
 
 
 def _refuse_this_sglang(server_args) -> None:
@@ -181,8 +182,10 @@ def register() -> None:
         _simulate_stock_acceptance()
     every = config.cycle_timing_every()
     if every:
-        _time_eagle_workers(every)
-        _time_scheduler_stages(every)
+        profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
+        # one profiler at a time (Python >= 3.12): the scheduler's run_batch listing holds the workers' launches
+        scheduler_profiled = _time_scheduler_stages(every, profile_top)
+        _time_eagle_workers(every, 0 if scheduler_profiled else profile_top)
     elif every is None:  # EAGLE_TRITON refuses it at start; other servers say they run untimed
         logger.warning("%s: %s=%r is not a whole number of decode steps > 0: no cycle timing", ALGORITHM_NAME,
                        config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))

@@ -153,8 +153,8 @@ def test_our_worker_is_timed_through_the_parent_it_calls(monkeypatch):
     monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: calls.append("parent") or "out")
     monkeypatch.setattr(cycle_timing, "_cuda_event", FakeGpu().event)
     monkeypatch.setenv(config.CYCLE_TIMING_ENV, "7")
-    plugin._time_eagle_workers(7)
-    plugin._time_eagle_workers(7)  # idempotent: register() runs more than once per process
+    plugin._time_eagle_workers(7, 0)
+    plugin._time_eagle_workers(7, 0)  # idempotent: register() runs more than once per process
     wrapped = parent.forward_batch_generation
     assert wrapped.sgl_eagle_triton_timed and wrapped.__wrapped__.__name__ == "<lambda>"
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
@@ -239,7 +239,7 @@ def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_c
         run_batch=4.0, _apply_war_barrier=0.0, process_batch_result=3.0, rest=2.0, gc=0.25, gc_full=0.25)]
 
 
-def test_a_profiled_scheduler_lists_the_stages_functions_but_not_run_batch():
+def test_a_profiled_scheduler_lists_every_stages_functions_run_batch_included():
     host, logged = [0.0], []
     stages = cycle_timing.SchedulerStages(1, clock=lambda: host[0], log=logged.append, name="EAGLE3", profile_top=5,
                                           gc_callbacks=[])
@@ -249,7 +249,7 @@ def test_a_profiled_scheduler_lists_the_stages_functions_but_not_run_batch():
         stages.time("process_batch_result", lambda: sorted(range(5000), key=lambda i: -i))
     assert logged[0].startswith("EAGLE3 scheduler stages, rank 0, 1 decode iterations")
     assert logged[1].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
-    assert "<lambda>" in logged[1] and "_busy_launch_of_the_step" not in logged[1]
+    assert "<lambda>" in logged[1] and "_busy_launch_of_the_step" in logged[1]
 
 
 def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
@@ -260,8 +260,7 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     calls = []
     for stage in cycle_timing.SCHEDULER_STAGES:
         monkeypatch.setattr(Scheduler, stage, lambda self, *a, _s=stage, **k: calls.append((_s, a)) or _s)
-    plugin._time_scheduler_stages(9)
-    plugin._time_scheduler_stages(9)
+    assert plugin._time_scheduler_stages(9, 0) and plugin._time_scheduler_stages(9, 0)  # run_batch timed (once)
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)
     scheduler.ps, scheduler.server_args = SimpleNamespace(tp_rank=3), SimpleNamespace(speculative_algorithm=None)
@@ -279,6 +278,21 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
         assert gc.callbacks[len(callbacks):] == [timing._on_gc]  # the scheduler's collections are timed
     finally:
         gc.callbacks[:] = callbacks
+
+
+@pytest.mark.parametrize("scheduler_timed", [True, False])
+def test_the_profile_runs_in_the_scheduler_where_its_run_batch_is_timed(monkeypatch, scheduler_timed):
+    """One profiler at a time: with the scheduler's run_batch profiled (it holds the worker's launch), the workers
+    are timed unprofiled; a scheduler without run_batch leaves the profile to the workers."""
+    made = []
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "5")
+    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "12")
+    monkeypatch.setattr(plugin, "_time_scheduler_stages", lambda every, top: made.append(("stages", every, top))
+                        or scheduler_timed)
+    monkeypatch.setattr(plugin, "_time_eagle_workers", lambda every, top: made.append(("workers", every, top)))
+    monkeypatch.setattr(plugin, "get_spec", lambda name: "registered")  # stop after the diagnostics
+    plugin.register()
+    assert made == [("stages", 5, 12), ("workers", 5, 0 if scheduler_timed else 12)]
 
 
 def test_a_nested_stage_counts_in_the_outer_one_and_a_refused_profiler_never_fails_a_stage():
