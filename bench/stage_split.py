@@ -7,7 +7,8 @@ whose servers log to ``<workdir>/<system>.log``)::
 Per log (rank 0): the median over its summary lines (after the first ``--skip``: start-up and warm-up) of the
 scheduler's period, of each stage and of the garbage collector's time (``scheduler stages`` lines: no-spec and
 speculative servers alike), and of the EAGLE worker's host time inside ``forward_batch_generation`` (``cycle timing``
-lines: speculative servers only), as a markdown table in ms. Medians, since one log mixes the batch sizes a sweep
+lines: speculative servers only), and of each part of ``run_batch`` (``run_batch parts`` lines), as a markdown table
+in ms. Medians, since one log mixes the batch sizes a sweep
 ran (read such a table as shares, or give each batch its own run).
 """
 
@@ -17,9 +18,16 @@ import argparse
 import statistics
 from pathlib import Path
 
-from sgl_eagle_triton.cycle_timing import SCHEDULER_STAGES, parse_stage_summaries, parse_summaries
+from sgl_eagle_triton.cycle_timing import (
+    RUN_BATCH_PARTS,
+    SCHEDULER_STAGES,
+    parse_parts_summaries,
+    parse_stage_summaries,
+    parse_summaries,
+)
 
 COLUMNS = ("period", *SCHEDULER_STAGES, "rest", "gc", "gc_full")  # gc: inside the stages, not added to them
+PART_COLUMNS = (*RUN_BATCH_PARTS, "other")  # run_batch's parts (their sum is run_batch)
 
 
 def split(text: str, skip: int = 1) -> dict:
@@ -28,7 +36,10 @@ def split(text: str, skip: int = 1) -> dict:
     stage lines were used. Columns without lines are None."""
     stages = [line for line in parse_stage_summaries(text) if line["rank"] == 0][skip:]
     forward = [line["host_in_forward"] for line in parse_summaries(text) if line["rank"] == 0][skip:]
+    parts = [line for line in parse_parts_summaries(text) if line["rank"] == 0][skip:]
     row = {key: statistics.median(line[key] for line in stages) if stages else None for key in COLUMNS}
+    row |= {f"run_batch: {key}": statistics.median(line[key] for line in parts) if parts else None
+            for key in PART_COLUMNS}
     row["host_in_forward"] = statistics.median(forward) if forward else None
     row["lines"] = len(stages)
     return row
@@ -36,10 +47,11 @@ def split(text: str, skip: int = 1) -> dict:
 
 def table(rows: dict) -> str:
     """Markdown: one row per log name of :func:`split`'s medians."""
-    head = ["log", "lines", *COLUMNS, "in forward_batch_generation"]
+    keys = (*COLUMNS, "host_in_forward", *(f"run_batch: {key}" for key in PART_COLUMNS))
+    head = ["log", "lines", *COLUMNS, "in forward_batch_generation", *keys[len(COLUMNS) + 1:]]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in rows.items():
-        cells = ["-" if row[k] is None else f"{row[k]:.3f}" for k in (*COLUMNS, "host_in_forward")]
+        cells = ["-" if row[k] is None else f"{row[k]:.3f}" for k in keys]
         out.append(f"| {name} | {row['lines']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

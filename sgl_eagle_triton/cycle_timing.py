@@ -38,7 +38,11 @@ full (generation 2) collections, whose cost grows with every object the process 
 With the profile as well, every stage is profiled, ``run_batch`` included (the worker's launch listing is then part
 of the scheduler's: the plugin profiles the workers apart only where no scheduler stage is timed), and listed after
 each stage line.
-A stage called inside another (e.g. result processing inside request handling) counts in the outer one only. Under
+A second line splits ``run_batch`` into the parts of :data:`RUN_BATCH_PARTS` (the future map's sequence-length
+and input resolution, the worker's ``forward_batch_generation``, the batch's pinning for the overlap, the relay of
+the step's outputs to the next step, the result's copy to the host; ``other``: the rest, e.g. the batch's snapshot
+and restore around a speculative forward). A stage called inside another (e.g. result processing inside request
+handling) counts in the outer one only. Under
 overlap scheduling the first decode iteration after a prefill is not counted (it holds the prefill's result
 processing); collections in other threads of the process count too.
 """
@@ -135,6 +139,9 @@ class CycleTiming:
 
 SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "_apply_war_barrier",
                     "process_batch_result")  # glue.hooks.wrap_scheduler_stages wraps these SGLang Scheduler methods
+# the SGLang functions run_batch calls that the cycle timing times as its parts (glue.hooks.wrap_run_batch_parts)
+RUN_BATCH_PARTS = ("resolve_seq_lens_cpu", "resolve_forward_inputs", "forward_batch_generation",
+                   "record_batch_in_overlap", "_relay_forward_payload", "copy_to_cpu")
 GC_KEYS = ("gc", "gc_full")  # SchedulerStages: time in Python's garbage collector, all and full collections
 
 
@@ -159,6 +166,9 @@ class SchedulerStages:
         self.gc_open = dict.fromkeys(GC_KEYS, 0.0)  # seconds, the open iteration's collections (all, full)
         self._gc_start: float | None = None
         self._depth = 0  # stages under way (a nested stage counts in the outer one)
+        self.parts_open = dict.fromkeys(RUN_BATCH_PARTS, 0.0)  # seconds, the open iteration's run_batch parts
+        self.parts = dict.fromkeys(RUN_BATCH_PARTS, 0.0)  # seconds, the closed iterations'
+        self._part_depth = dict.fromkeys(RUN_BATCH_PARTS, 0)  # a part inside the same part counts once
         (gc.callbacks if gc_callbacks is None else gc_callbacks).append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -177,15 +187,20 @@ class SchedulerStages:
             self.sums["period"] += now - self._entry
             for key, seconds in (*self.open.items(), *self.gc_open.items()):
                 self.sums[key] += seconds
+            for key, seconds in self.parts_open.items():
+                self.parts[key] += seconds
             if self.count >= self.every:
                 self.log(self.summary())
+                self.log(self.parts_summary())
                 if self.profiler is not None and self.profiler.getstats():
                     self.log(_profile_report(self.profiler, self.profile_top,
                                              f"{self.name} scheduler profile, rank {self.rank}"))
                     self.profiler = cProfile.Profile()
                 self.sums = dict.fromkeys(self.sums, 0.0)
+                self.parts = dict.fromkeys(self.parts, 0.0)
                 self.count = 0
         self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)
+        self.parts_open = dict.fromkeys(RUN_BATCH_PARTS, 0.0)
         self.gc_open = dict.fromkeys(GC_KEYS, 0.0)
         self._entry = now if decode else None
 
@@ -203,6 +218,28 @@ class SchedulerStages:
             if profiler is not None:
                 profiler.disable()
             self.open[stage] += self.clock() - start
+
+    def time_part(self, part: str, call):
+        """Run ``call()`` (one of :data:`RUN_BATCH_PARTS`, called inside ``run_batch``) and add its host time to the
+        open iteration's part; a part inside the same part (a target worker's forward in a speculative worker's)
+        counts once."""
+        if self._part_depth[part]:
+            return call()
+        self._part_depth[part] += 1
+        start = self.clock()
+        try:
+            return call()
+        finally:
+            self._part_depth[part] -= 1
+            self.parts_open[part] += self.clock() - start
+
+    def parts_summary(self) -> str:
+        count = max(self.count, 1)
+        ms = {key: value * 1e3 / count for key, value in self.parts.items()}
+        other = self.sums["run_batch"] * 1e3 / count - sum(ms.values())
+        parts = " + ".join(f"{part} {ms[part]:.3f}" for part in RUN_BATCH_PARTS)
+        return (f"{self.name} run_batch parts, rank {self.rank}, {self.count} decode iterations: {parts} + other "
+                f"{other:.3f} (ms)")
 
     def summary(self) -> str:
         count = max(self.count, 1)
@@ -262,6 +299,23 @@ def parse_stage_summaries(text: str) -> list[dict]:
     return rows
 
 
+_PARTS_SUMMARY = re.compile(
+    r"(?P<name>\S+) run_batch parts, rank (?P<rank>\d+), (?P<count>\d+) decode iterations: (?P<parts>.*?) \(ms\)")
+
+
+def parse_parts_summaries(text: str) -> list[dict]:
+    """Every :meth:`SchedulerStages.parts_summary` line in ``text``: ``name``, ``rank``, ``count`` and each of
+    :data:`RUN_BATCH_PARTS` and ``other`` (the rest of ``run_batch``) in ms."""
+    rows = []
+    for m in _PARTS_SUMMARY.finditer(text):
+        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]))
+        for part in m["parts"].split(" + "):
+            key, value = part.rsplit(" ", 1)
+            row[key] = float(value)
+        rows.append(row)
+    return rows
+
+
 def parse_summaries(text: str) -> list[dict]:
     """Every :meth:`CycleTiming.summary` line in ``text`` (e.g. a server log): ``name`` (the algorithm), ``rank``,
     ``steps``, ``paired`` and ``host_period`` / ``host_in_forward`` / ``gpu_step`` / ``gpu_idle`` in ms (None where
@@ -317,12 +371,34 @@ def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, pro
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
         stages = _timer_of(self, "_stage_timing", make_stages, every, profile_top, "no-spec")
-        if stage == "run_batch":
-            batch = args[0] if args else kwargs.get("batch")
-            stages.iteration(_is_decode(batch))
-        return stages.time(stage, lambda: method(self, *args, **kwargs))
+        if stage != "run_batch":
+            return stages.time(stage, lambda: method(self, *args, **kwargs))
+        batch = args[0] if args else kwargs.get("batch")
+        stages.iteration(_is_decode(batch))
+        _RUNNING.append(stages)
+        try:
+            return stages.time(stage, lambda: method(self, *args, **kwargs))
+        finally:
+            _RUNNING.pop()
 
     timed.sgl_eagle_triton_timed = True
+    return timed
+
+
+_RUNNING: list = []  # the SchedulerStages whose run_batch is under way (one scheduler per process; a stack)
+
+
+def timed_part(part: str, function):
+    """``function`` (SGLang's, called inside ``Scheduler.run_batch``; one of :data:`RUN_BATCH_PARTS`) timed as that
+    part of the running scheduler's ``run_batch`` (:meth:`SchedulerStages.time_part`); called outside one, untimed."""
+
+    @functools.wraps(function)
+    def timed(*args, **kwargs):
+        if not _RUNNING:
+            return function(*args, **kwargs)
+        return _RUNNING[-1].time_part(part, lambda: function(*args, **kwargs))
+
+    timed.sgl_eagle_triton_part = True
     return timed
 
 

@@ -111,11 +111,18 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
         return (f"EAGLE_TRITON cycle timing, rank 0, 200 decode steps (199 after another): host period 3.00 ms "
                 f"({in_forward:.2f} ms in forward_batch_generation), gpu step 1.00 ms + idle 2.00 ms\n")
 
-    log = (stage_line(0, 99.0, 99.0) + cycle_line(9.0) + stage_line(0, 3.0, 2.0) + stage_line(1, 50.0, 50.0)
-           + cycle_line(1.5) + stage_line(0, 3.2, 2.2) + stage_line(0, 3.4, 2.4) + cycle_line(1.7) + cycle_line(1.6))
+    def parts_line(rank, forward):
+        return (f"EAGLE_TRITON run_batch parts, rank {rank}, 200 decode iterations: resolve_seq_lens_cpu 0.010 + "
+                f"resolve_forward_inputs 0.020 + forward_batch_generation {forward:.3f} + record_batch_in_overlap "
+                f"0.030 + _relay_forward_payload 0.040 + copy_to_cpu 0.050 + other 0.060 (ms)\n")
+
+    log = (stage_line(0, 99.0, 99.0) + cycle_line(9.0) + parts_line(0, 9.0) + stage_line(0, 3.0, 2.0)
+           + stage_line(1, 50.0, 50.0) + parts_line(1, 50.0) + cycle_line(1.5) + parts_line(0, 1.2)
+           + stage_line(0, 3.2, 2.2) + stage_line(0, 3.4, 2.4) + cycle_line(1.7) + cycle_line(1.6) + parts_line(0, 1.4))
     row = stage_split.split(log)
     assert row["lines"] == 3 and row["period"] == 3.2 and row["run_batch"] == 2.2 and row["rest"] == 0.19
-    assert row["host_in_forward"] == 1.6
+    assert row["host_in_forward"] == 1.6 and row["run_batch: forward_batch_generation"] == pytest.approx(1.3)
     text = stage_split.table({"ours": row, "nospec": stage_split.split("")})
-    assert "| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 0.050 | 0.020 | 1.600 |" in text
-    assert "| nospec | 0 | - | - | - | - | - | - | - | - | - | - |" in text
+    assert ("| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 0.050 | 0.020 | 1.600 | 0.010 | "
+            "0.020 | 1.300 | 0.030 | 0.040 | 0.050 | 0.060 |") in text
+    assert "| nospec | 0 |" + " - |" * 17 in text

@@ -8,6 +8,7 @@ import pytest
 
 from sgl_eagle_triton import config, cycle_timing, plugin
 from sgl_eagle_triton.cycle_timing import CycleTiming, parse_summaries, timed_forward
+from sgl_eagle_triton.glue import hooks
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -212,9 +213,15 @@ def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_c
     def spend(ms):
         return lambda: host.__setitem__(0, host[0] + ms)
 
+    def launch():  # run_batch: the worker's forward 2.5 ms (a target's forward of 1 ms inside), the copy 0.5 ms
+        stages.time_part("forward_batch_generation", lambda: (
+            spend(1.5)(), stages.time_part("forward_batch_generation", spend(1.0))))
+        stages.time_part("copy_to_cpu", spend(0.5))
+        spend(1.0)()
+
     def iteration(decode, gc_ms=0.0, generation=0):
         stages.iteration(decode)
-        stages.time("run_batch", spend(4.0))
+        stages.time("run_batch", launch)
         stages.time("_apply_war_barrier", spend(0.0))
         stages.time("process_batch_result", lambda: (spend(3.0 - gc_ms)(), gc_ms and collect(gc_ms, generation)))
         stages.time("process_input_requests", spend(0.0))
@@ -227,7 +234,10 @@ def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_c
     assert logged == ["no-spec scheduler stages, rank 1, 2 decode iterations: period 10.000 ms = "
                       "process_input_requests 0.000 + get_next_batch_to_run 1.000 + run_batch 4.000 + "
                       "_apply_war_barrier 0.000 + process_batch_result 3.000 + rest 2.000 (ms); garbage collection "
-                      "0.250 ms, full 0.250 ms"]
+                      "0.250 ms, full 0.250 ms",
+                      "no-spec run_batch parts, rank 1, 2 decode iterations: resolve_seq_lens_cpu 0.000 + "
+                      "resolve_forward_inputs 0.000 + forward_batch_generation 2.500 + record_batch_in_overlap 0.000 + "
+                      "_relay_forward_payload 0.000 + copy_to_cpu 0.500 + other 1.000 (ms)"]
     host[0] += 100.0  # a long pause in the open iteration: counted as that iteration's rest
     iteration(False, gc_ms=0.25, generation=1)
     iteration(True)
@@ -237,6 +247,10 @@ def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_c
     assert cycle_timing.parse_stage_summaries("[TP1] " + logged[0] + "\n") == [dict(
         name="no-spec", rank=1, count=2, period=10.0, process_input_requests=0.0, get_next_batch_to_run=1.0,
         run_batch=4.0, _apply_war_barrier=0.0, process_batch_result=3.0, rest=2.0, gc=0.25, gc_full=0.25)]
+    assert cycle_timing.parse_parts_summaries(logged[1]) == [dict(
+        name="no-spec", rank=1, count=2, resolve_seq_lens_cpu=0.0, resolve_forward_inputs=0.0,
+        forward_batch_generation=2.5, record_batch_in_overlap=0.0, _relay_forward_payload=0.0, copy_to_cpu=0.5,
+        other=1.0)]
 
 
 def test_a_profiled_scheduler_lists_every_stages_functions_run_batch_included():
@@ -248,8 +262,8 @@ def test_a_profiled_scheduler_lists_every_stages_functions_run_batch_included():
         stages.time("run_batch", _busy_launch_of_the_step)
         stages.time("process_batch_result", lambda: sorted(range(5000), key=lambda i: -i))
     assert logged[0].startswith("EAGLE3 scheduler stages, rank 0, 1 decode iterations")
-    assert logged[1].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
-    assert "<lambda>" in logged[1] and "_busy_launch_of_the_step" in logged[1]
+    assert logged[2].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
+    assert "<lambda>" in logged[2] and "_busy_launch_of_the_step" in logged[2]
 
 
 def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
@@ -260,6 +274,7 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     calls = []
     for stage in cycle_timing.SCHEDULER_STAGES:
         monkeypatch.setattr(Scheduler, stage, lambda self, *a, _s=stage, **k: calls.append((_s, a)) or _s)
+    monkeypatch.setattr(hooks, "wrap_run_batch_parts", lambda parts, wrap, marker: [])  # its own test below
     assert plugin._time_scheduler_stages(9, 0) and plugin._time_scheduler_stages(9, 0)  # run_batch timed (once)
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)
@@ -278,6 +293,28 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
         assert gc.callbacks[len(callbacks):] == [timing._on_gc]  # the scheduler's collections are timed
     finally:
         gc.callbacks[:] = callbacks
+
+
+def test_run_batch_parts_are_timed_inside_a_timed_run_batch_only(monkeypatch):
+    """A part (timed_part: an SGLang function run_batch calls) counts in the scheduler whose run_batch is under way
+    (timed_stage); called elsewhere (e.g. a worker's forward outside the scheduler loop) it runs untimed."""
+    host, logged = [0.0], []
+
+    def copy_to_cpu(result):
+        host[0] += 0.25
+        return result
+
+    part = cycle_timing.timed_part("copy_to_cpu", copy_to_cpu)
+    assert part.sgl_eagle_triton_part and part("r") == "r"  # outside run_batch: untimed
+    stages = cycle_timing.SchedulerStages(2, clock=lambda: host[0] / 1e3, log=logged.append, gc_callbacks=[])
+    run_batch = cycle_timing.timed_stage("run_batch", lambda self, batch: part(batch), 2,
+                                         make_stages=lambda *a, **k: stages)
+    scheduler, batch = SimpleNamespace(), SimpleNamespace(forward_mode=FakeMode(True), is_extend_in_batch=False)
+    for _ in range(3):
+        assert run_batch(scheduler, batch) is batch
+    assert cycle_timing.parse_parts_summaries(logged[1])[0]["copy_to_cpu"] == pytest.approx(0.25)
+    assert cycle_timing.parse_parts_summaries(logged[1])[0]["other"] == pytest.approx(0.0)
+    assert not cycle_timing._RUNNING  # run_batch left
 
 
 @pytest.mark.parametrize("scheduler_timed", [True, False])

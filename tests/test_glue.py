@@ -224,6 +224,36 @@ def test_the_algorithm_name_in_any_letter_case_is_ours():
     assert not config.is_ours(SimpleNamespace(speculative_algorithm=None))
 
 
+def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
+    """SGLANG_EAGLE_TRITON_CYCLE_TIMING times these SGLang functions as parts of run_batch
+    (glue.hooks.wrap_run_batch_parts): each exists here and is replaced once (a second call finds them wrapped)."""
+    import importlib
+
+    from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS
+    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, wrap_run_batch_parts
+
+    assert set(RUN_BATCH_PART_TARGETS) == set(RUN_BATCH_PARTS)
+    for targets in RUN_BATCH_PART_TARGETS.values():
+        for target in targets:  # restored after the test
+            module_name, _, path = target.partition(":")
+            *owner_path, name = path.split(".")
+            owner = importlib.import_module(module_name)
+            for attribute in owner_path:
+                owner = getattr(owner, attribute)
+            monkeypatch.setattr(owner, name, getattr(owner, name))
+    wrapped = []
+
+    def wrap(part, function):
+        wrapped.append(part)
+        marked = lambda *a, **k: function(*a, **k)  # noqa: E731
+        marked.marker = True
+        return marked
+
+    assert wrap_run_batch_parts(RUN_BATCH_PARTS, wrap, "marker") == []
+    assert sorted(wrapped) == sorted(part for part, targets in RUN_BATCH_PART_TARGETS.items() for _ in targets)
+    assert wrap_run_batch_parts(RUN_BATCH_PARTS, wrap, "marker") is None
+
+
 def test_the_scheduler_stages_the_cycle_timing_wraps_are_this_sglangs():
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING wraps these Scheduler methods (glue.hooks.wrap_scheduler_stages); run_batch's
     first argument is the batch whose forward mode closes an iteration."""

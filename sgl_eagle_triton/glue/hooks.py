@@ -141,6 +141,42 @@ def wrap_scheduler_stages(stages, wrap, marker: str) -> list[str] | None:
     return [name for name in stages if name not in present]
 
 
+RUN_BATCH_PART_TARGETS = {  # cycle_timing.RUN_BATCH_PARTS -> the SGLang functions timed as that part
+    "resolve_seq_lens_cpu": ("sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu",),
+    "resolve_forward_inputs": ("sglang.srt.managers.scheduler:resolve_forward_inputs",),  # the name run_batch calls
+    "forward_batch_generation": ("sglang.srt.managers.tp_worker:TpModelWorker.forward_batch_generation",
+                                 "sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation"),
+    "record_batch_in_overlap": ("sglang.srt.managers.scheduler:Scheduler.record_batch_in_overlap",),
+    "_relay_forward_payload": ("sglang.srt.managers.scheduler:Scheduler._relay_forward_payload",),
+    "copy_to_cpu": ("sglang.srt.managers.utils:GenerationBatchResult.copy_to_cpu",),
+}
+
+
+def wrap_run_batch_parts(parts, wrap, marker: str) -> list[str] | None:
+    """Each SGLang function of :data:`RUN_BATCH_PART_TARGETS` for the names in ``parts`` replaced, process-wide, by
+    ``wrap(part, function)`` (diagnostics); returns the targets this SGLang lacks, None if already wrapped."""
+    import importlib
+
+    missing, wrapped = [], 0
+    for part in parts:
+        for target in RUN_BATCH_PART_TARGETS[part]:
+            module_name, _, path = target.partition(":")
+            *owner_path, name = path.split(".")
+            try:
+                owner = importlib.import_module(module_name)
+                for attribute in owner_path:
+                    owner = getattr(owner, attribute)
+                function = owner.__dict__[name] if owner_path else getattr(owner, name)
+            except (ImportError, AttributeError, KeyError):
+                missing.append(target)
+                continue
+            if getattr(function, marker, False):
+                return None
+            setattr(owner, name, wrap(part, function))
+            wrapped += 1
+    return missing
+
+
 def global_tp_group():
     """SGLang's process-wide tensor-parallel group (``parallel_state._TP``, a ``GroupCoordinator``); None before SGLang
     initialised its groups (a process without them: CPU tests)."""
