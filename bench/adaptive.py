@@ -101,15 +101,19 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # of any EAGLE V2 worker's "off" (its draft KV goes stale: fine for a server that never drafts again)
     "eagle3_off_skip": ("EAGLE3", "off"),
     # EAGLE_TRITON served from another source tree (--before-tree: e.g. the previous commit's sgl_eagle_triton), for an
-    # A/B of a change beside eagle_triton under --interleave
+    # A/B of a change beside eagle_triton under --interleave; the same for the two steps-0 systems
     "eagle_triton_before": ("EAGLE_TRITON", None),
+    "eagle_triton_off_before": ("EAGLE_TRITON", "off"),
+    "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
-              "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
+              "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
+BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:
-    """eagle_triton_before's server environment: ``tree`` (holding an ``sgl_eagle_triton`` package) first on the
+    """The *_before systems' server environment: ``tree`` (holding an ``sgl_eagle_triton`` package) first on the
     server's ``sys.path``, ahead of the working directory (``PYTHONSAFEPATH``: ``python -m`` would put it first)."""
     if tree is None:
         return {}
@@ -357,7 +361,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive.json")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
-                        default=[s for s in SYSTEMS if s != "eagle_triton_before"])
+                        default=[s for s in SYSTEMS if s not in BEFORE_SYSTEMS])
     parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (4, 4, 16), (3, 1, 4)],  # large, mid, chain
                         type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
@@ -371,8 +375,8 @@ def parse_args(argv=None):
                         help="extra environment of every server, e.g. a trial's knob (rows: 'env', part of their key)")
     parser.add_argument("--server-flags", default="", help="extra flags of every server, e.g. '--attention-backend "
                         "flashinfer' (rows: 'flags', part of their key)")
-    parser.add_argument("--before-tree", type=Path, help="eagle_triton_before serves the sgl_eagle_triton package of "
-                        "this folder (e.g. git archive of an earlier commit), the rest of its path as eagle_triton's")
+    parser.add_argument("--before-tree", type=Path, help="the *_before systems serve the sgl_eagle_triton package of "
+                        "this folder (e.g. git archive of an earlier commit), the rest of their path as the others'")
     parser.add_argument("--real-pair", action="store_true",
                         help="serve the trained tiny pair with its real acceptance instead of 8B dummy shapes")
     parser.add_argument("--repeats", type=int, default=2,
@@ -392,8 +396,9 @@ def parse_args(argv=None):
     parser.add_argument("--merge", nargs="+", type=Path, help="only merge these sweeps' rows (e.g. lanes on several "
                         "cards, each with its own no-spec) into --out, with its table and plot")
     args = parser.parse_args(argv)
-    if "eagle_triton_before" in args.systems and args.before_tree is None:
-        parser.error("eagle_triton_before needs --before-tree DIR (a tree holding the sgl_eagle_triton to compare)")
+    before = [system for system in args.systems if system in BEFORE_SYSTEMS]
+    if before and args.before_tree is None:
+        parser.error(f"{', '.join(before)} need --before-tree DIR (a tree holding the sgl_eagle_triton to compare)")
     return args
 
 
@@ -448,7 +453,7 @@ def main(argv=None):
         return Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
                                           *shlex.split(args.server_flags), *extra],
                       args.workdir, env={**env, **SYSTEM_ENV.get(system, {}), **server_env(args.server_env),
-                                         **(before if system == "eagle_triton_before" else {})})
+                                         **(before if system in BEFORE_SYSTEMS else {})})
 
     if args.interleave:
         return interleaved(servers, start, args, meta)

@@ -305,6 +305,16 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
         adaptive.parse_args(["--systems", "eagle_triton_before", "--real-pair"])
     args = adaptive.parse_args(["--systems", "eagle_triton_before", "--before-tree", "/old"])
     assert args.before_tree == Path("/old")
+    # the steps-0 systems too, each as its current twin (plain steps 0: the same server environment)
+    assert adaptive.BEFORE_SYSTEMS == ["eagle_triton_before", "eagle_triton_off_before",
+                                       "eagle_triton_off_plain_before"]
+    for system in ("eagle_triton_off", "eagle_triton_off_plain"):
+        assert adaptive.spec_args(f"{system}_before", draft, None, tmp_path) == adaptive.spec_args(
+            system, draft, None, tmp_path)
+        assert adaptive.SYSTEM_ENV.get(f"{system}_before") == adaptive.SYSTEM_ENV.get(system)
+    with pytest.raises(SystemExit):
+        adaptive.parse_args(["--systems", "nospec", "eagle_triton_off_plain_before", "--real-pair"])
+    assert not set(adaptive.BEFORE_SYSTEMS) & set(adaptive.parse_args([]).systems)
 
 
 def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_path, monkeypatch):
