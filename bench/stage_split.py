@@ -27,7 +27,7 @@ from sgl_eagle_triton.cycle_timing import (
 )
 
 COLUMNS = ("period", *SCHEDULER_STAGES, "rest", "gc", "gc_full")  # gc: inside the stages, not added to them
-PART_COLUMNS = (*RUN_BATCH_PARTS, "other")  # run_batch's parts (their sum is run_batch)
+PART_COLUMNS = tuple(f"run_batch: {part}" for part in (*RUN_BATCH_PARTS, "other"))  # their sum is run_batch
 
 
 def split(text: str, skip: int = 1) -> dict:
@@ -38,8 +38,8 @@ def split(text: str, skip: int = 1) -> dict:
     forward = [line["host_in_forward"] for line in parse_summaries(text) if line["rank"] == 0][skip:]
     parts = [line for line in parse_parts_summaries(text) if line["rank"] == 0][skip:]
     row = {key: statistics.median(line[key] for line in stages) if stages else None for key in COLUMNS}
-    row |= {f"run_batch: {key}": statistics.median(line[key] for line in parts) if parts else None
-            for key in PART_COLUMNS}
+    row |= {column: statistics.median(line[column.removeprefix("run_batch: ")] for line in parts) if parts else None
+            for column in PART_COLUMNS}
     row["host_in_forward"] = statistics.median(forward) if forward else None
     row["lines"] = len(stages)
     return row
@@ -47,11 +47,10 @@ def split(text: str, skip: int = 1) -> dict:
 
 def table(rows: dict) -> str:
     """Markdown: one row per log name of :func:`split`'s medians."""
-    keys = (*COLUMNS, "host_in_forward", *(f"run_batch: {key}" for key in PART_COLUMNS))
-    head = ["log", "lines", *COLUMNS, "in forward_batch_generation", *keys[len(COLUMNS) + 1:]]
+    head = ["log", "lines", *COLUMNS, "in forward_batch_generation", *PART_COLUMNS]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in rows.items():
-        cells = ["-" if row[k] is None else f"{row[k]:.3f}" for k in keys]
+        cells = ["-" if row[k] is None else f"{row[k]:.3f}" for k in (*COLUMNS, "host_in_forward", *PART_COLUMNS)]
         out.append(f"| {name} | {row['lines']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

@@ -290,13 +290,14 @@ def parse_stage_summaries(text: str) -> list[dict]:
     ``rank``, ``count`` and ``period`` / each stage / ``rest`` / ``gc`` / ``gc_full`` in ms."""
     rows = []
     for m in _STAGE_SUMMARY.finditer(text):
-        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), period=float(m["period"]),
-                   gc=float(m["gc"]), gc_full=float(m["gc_full"]))
-        for part in m["stages"].split(" + "):
-            stage, value = part.rsplit(" ", 1)
-            row[stage] = float(value)
-        rows.append(row)
+        rows.append(dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), period=float(m["period"]),
+                         gc=float(m["gc"]), gc_full=float(m["gc_full"]), **_named_values(m["stages"])))
     return rows
+
+
+def _named_values(text: str) -> dict:
+    """``"a 0.100 + b 2.000"`` (a summary line's sum) as ``{"a": 0.1, "b": 2.0}``."""
+    return {name: float(value) for name, value in (term.rsplit(" ", 1) for term in text.split(" + "))}
 
 
 _PARTS_SUMMARY = re.compile(
@@ -306,14 +307,8 @@ _PARTS_SUMMARY = re.compile(
 def parse_parts_summaries(text: str) -> list[dict]:
     """Every :meth:`SchedulerStages.parts_summary` line in ``text``: ``name``, ``rank``, ``count`` and each of
     :data:`RUN_BATCH_PARTS` and ``other`` (the rest of ``run_batch``) in ms."""
-    rows = []
-    for m in _PARTS_SUMMARY.finditer(text):
-        row = dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]))
-        for part in m["parts"].split(" + "):
-            key, value = part.rsplit(" ", 1)
-            row[key] = float(value)
-        rows.append(row)
-    return rows
+    return [dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), **_named_values(m["parts"]))
+            for m in _PARTS_SUMMARY.finditer(text)]
 
 
 def parse_summaries(text: str) -> list[dict]:

@@ -227,20 +227,14 @@ def test_the_algorithm_name_in_any_letter_case_is_ours():
 def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING times these SGLang functions as parts of run_batch
     (glue.hooks.wrap_run_batch_parts): each exists here and is replaced once (a second call finds them wrapped)."""
-    import importlib
-
     from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS
-    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, part_target, wrap_run_batch_parts
 
     assert set(RUN_BATCH_PART_TARGETS) == set(RUN_BATCH_PARTS)
     for targets in RUN_BATCH_PART_TARGETS.values():
         for target in targets:  # restored after the test
-            module_name, _, path = target.partition(":")
-            *owner_path, name = path.split(".")
-            owner = importlib.import_module(module_name)
-            for attribute in owner_path:
-                owner = getattr(owner, attribute)
-            monkeypatch.setattr(owner, name, getattr(owner, name))
+            owner, name, function = part_target(target)
+            monkeypatch.setattr(owner, name, function)
     wrapped = []
 
     def wrap(part, function):

@@ -152,28 +152,34 @@ RUN_BATCH_PART_TARGETS = {  # cycle_timing.RUN_BATCH_PARTS -> the SGLang functio
 }
 
 
+def part_target(target: str) -> tuple:
+    """``(owner, name, function)`` of a :data:`RUN_BATCH_PART_TARGETS` entry ``"module:Owner.name"`` (or
+    ``"module:name"``, a module global): the module or class holding the function under ``name``, and the function
+    (a class's own, not an inherited one). ImportError / AttributeError / KeyError where this SGLang lacks it."""
+    import importlib
+
+    module_name, _, path = target.partition(":")
+    *owner_path, name = path.split(".")
+    owner = importlib.import_module(module_name)
+    for attribute in owner_path:
+        owner = getattr(owner, attribute)
+    return owner, name, owner.__dict__[name] if owner_path else getattr(owner, name)
+
+
 def wrap_run_batch_parts(parts, wrap, marker: str) -> list[str] | None:
     """Each SGLang function of :data:`RUN_BATCH_PART_TARGETS` for the names in ``parts`` replaced, process-wide, by
     ``wrap(part, function)`` (diagnostics); returns the targets this SGLang lacks, None if already wrapped."""
-    import importlib
-
-    missing, wrapped = [], 0
+    missing = []
     for part in parts:
         for target in RUN_BATCH_PART_TARGETS[part]:
-            module_name, _, path = target.partition(":")
-            *owner_path, name = path.split(".")
             try:
-                owner = importlib.import_module(module_name)
-                for attribute in owner_path:
-                    owner = getattr(owner, attribute)
-                function = owner.__dict__[name] if owner_path else getattr(owner, name)
+                owner, name, function = part_target(target)
             except (ImportError, AttributeError, KeyError):
                 missing.append(target)
                 continue
             if getattr(function, marker, False):
                 return None
             setattr(owner, name, wrap(part, function))
-            wrapped += 1
     return missing
 
 
