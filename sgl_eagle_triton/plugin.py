@@ -34,7 +34,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
 from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS, SCHEDULER_STAGES, timed_forward, timed_part, timed_stage
-from sgl_eagle_triton.glue import hooks, versions
+from sgl_eagle_triton.glue import hooks, relay, versions
 from sgl_eagle_triton.glue.args import settings
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class EagleTritonSpecAlgo(CustomSpecAlgo):
         return SpeculativeAlgorithm.carries_draft_hidden_states(self)
 
     def create_future_map(self, *args, **kwargs):
-        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
+        """SGLang's, relaying the bonus token alone after a step that only filled the draft KV (glue.relay)."""
+        return relay.bonus_only_after_fill(SpeculativeAlgorithm.create_future_map(self, *args, **kwargs))
 
     def handle_server_args(self, server_args) -> None:
         config.handle_server_args(server_args)

@@ -62,6 +62,7 @@ from sgl_eagle_triton.drafter import (
 from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
+from sgl_eagle_triton.glue.relay import mark_stub
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
 from sgl_eagle_triton.off_step import PLAIN_OFF_STEP, PlainOff
@@ -292,9 +293,10 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                 torch.zeros(bs, self.topk, dtype=torch.int64, device=device),
                 None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=device))
         topk_p, topk_index, hidden = self._stubs
-        draft_input.topk_p, draft_input.topk_index = topk_p[:bs], topk_index[:bs]
+        # marked: the scheduler's relay then carries the bonus token alone (glue.relay.bonus_only_after_fill)
+        draft_input.topk_p, draft_input.topk_index = mark_stub(topk_p[:bs]), mark_stub(topk_index[:bs])
         if hidden is not None:
-            draft_input.hidden_states = hidden[:bs]
+            draft_input.hidden_states = mark_stub(hidden[:bs])
 
     def _fill_rows(self, next_token_ids, target_hidden, seq_lens, out_cache_loc):
         """Into the draft KV pool at ``out_cache_loc`` [bs] (the verify's slots): :meth:`FusedDrafter.draft_kv` of

@@ -15,6 +15,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sgl_eagle_triton import config, plugin, verify, worker
 from sgl_eagle_triton.devtools.testing import random_batch, random_draft
 from sgl_eagle_triton.drafter import FusedDrafter, draft_weights
+from sgl_eagle_triton.glue import relay
 from sgl_eagle_triton.glue.hooks import HOOKS
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
@@ -460,6 +461,8 @@ def test_off_fills_the_draft_kv_of_the_committed_tokens(fresh_counts, device, ea
     assert stub.topk_p.shape == (bs, 1) and stub.topk_index.dtype == torch.int64
     assert stub.hidden_states.shape == (bs, H) and stub.hidden_states.dtype == w.dtype
     assert not stub.topk_p.any() and not stub.hidden_states.any()
+    # marked: the scheduler's relay carries the bonus token alone after this step (glue.relay)
+    assert relay.is_stub(stub.topk_p) and relay.is_stub(stub.topk_index) and relay.is_stub(stub.hidden_states)
 
     def fill(rows):  # the stubs of a batch of ``rows`` requests
         b = SimpleNamespace(seq_lens=seq_lens[:rows], out_cache_loc=batch.out_cache_loc[:rows],

@@ -8,7 +8,9 @@
   each hook expects, and their registration;
 - :mod:`~sgl_eagle_triton.glue.call_sites`: the module globals we rebind while our workers run, the methods we
   override, the signatures we call, and the start-up check that all of them are still where we expect
-  (:func:`~sgl_eagle_triton.glue.call_sites.check_glue`).
+  (:func:`~sgl_eagle_triton.glue.call_sites.check_glue`);
+- :mod:`~sgl_eagle_triton.glue.relay`: the overlap scheduler's relay (SGLang's ``FutureMap``, subclassed) carrying the
+  bonus token alone after a step that only filled the draft KV.
 
 Version differences are adapters chosen once, by probing the installed SGLang (a signature, an attribute), never
 ``if version`` checks in the worker, config or verify modules. docs/design.md holds the table of every touchpoint.

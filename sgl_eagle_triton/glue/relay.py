@@ -1,0 +1,99 @@
+"""The overlap scheduler's relay after a fill-only step: the bonus token alone.
+
+Under overlap scheduling SGLang relays each speculative step's draft input to the next step through its
+``FutureMap``: ``stash`` scatters the bonus tokens, top-k probabilities and indices and hidden states into
+request-indexed buffers after the step, ``_resolve_spec_extras`` gathers them back before the next. After a step
+that only filled the draft KV (adaptive steps 0, ours: ``TritonEagleDraftWorker.fill_draft_kv``) the top-k and
+hidden states are stubs (zeros) that nothing reads: the next decode step is another fill-only step or a resume,
+which runs at steps 0 with the full draft extend (it reads the bonus token only and computes new ones). On the
+trained tiny pair those three scatters and gathers cost ~0.14 ms of host time a step (one H200; no-spec relays the
+token alone). :func:`bonus_only_after_fill` makes a server's future map relay the bonus token alone for a payload
+whose top-k probabilities are :func:`mark_stub`-marked, and give the next step stub views in place of the gather.
+
+Everything else goes to SGLang's methods: a payload or draft input without the mark, the first stash (SGLang makes
+its buffers from the first payload), draft probabilities, DSA top-k indices, ngram, an idle batch, and SGLang's CI
+assertions (``SGLANG_IS_IN_CI``). Served 0.5.17-0.5.23: the buffers are made by ``_forward_buf_initialized``
+(0.5.17-0.5.18) or per field, ``need_topk`` turning true (0.5.19+); 0.5.19+ relay a token alone through
+``stash_bonus_tokens``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+STUB_MARK = "sgl_eagle_triton_stub"  # set on the stub tensors of a fill-only step's draft input
+
+
+def mark_stub(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` (a stub of a fill-only step's draft input, or None) marked as one; returns it."""
+    if tensor is not None:
+        setattr(tensor, STUB_MARK, True)
+    return tensor
+
+
+def is_stub(tensor) -> bool:
+    return bool(getattr(tensor, STUB_MARK, False))
+
+
+def bonus_only_after_fill(future_map):
+    """``future_map`` (SGLang's ``FutureMap``, as the speculative algorithm's ``create_future_map`` made it) with its
+    class swapped for a subclass of that class relaying a fill-only step's bonus token alone (the module's
+    docstring); returns it."""
+    future_map.__class__ = _bonus_only_class(type(future_map))
+    return future_map
+
+
+@functools.cache
+def _bonus_only_class(base: type) -> type:
+    class BonusOnlyAfterFill(base):
+        def stash(self, future_indices, payload):
+            if not _relays_bonus_alone(self, payload) or future_indices.shape[0] == 0:
+                return super().stash(future_indices, payload)
+            stash_bonus = getattr(self, "stash_bonus_tokens", None)  # 0.5.19+
+            if stash_bonus is not None:
+                stash_bonus(future_indices, payload.bonus_tokens)
+            else:
+                self.output_tokens_buf[future_indices] = payload.bonus_tokens.to(self.output_tokens_buf.dtype)
+
+        def _resolve_spec_extras(self, batch):
+            draft_input = batch.spec_info
+            indices = getattr(draft_input, "future_indices", None)
+            if (draft_input is None or indices is None or indices.shape[0] == 0 or not getattr(self, "need_topk", False)
+                    or self.spec_algo.is_ngram() or not is_stub(getattr(draft_input, "topk_p", None))
+                    or getattr(draft_input, "future_dsa_topk_indices_available", False)
+                    or getattr(self, "draft_probs_buf", None) is not None or _sglang_ci_asserts()):
+                return super()._resolve_spec_extras(batch)
+            if indices.device.type != "cpu":  # as SGLang's: the indices live until this stream is done with them
+                indices.record_stream(torch.get_device_module(self.device).current_stream())
+            draft_input.bonus_tokens = self.output_tokens_buf[indices]
+            _stubs_of_size(draft_input, indices.shape[0])
+            draft_input.dsa_topk_indices = None
+
+    return BonusOnlyAfterFill
+
+
+def _relays_bonus_alone(future_map, payload) -> bool:
+    """A marked payload once SGLang made its relay buffers, with nothing but the bonus token, top-k and hidden
+    states to relay."""
+    return (is_stub(payload.topk_p) and getattr(future_map, "_forward_buf_initialized", True)
+            and getattr(future_map, "need_topk", False) and not future_map.spec_algo.is_ngram()
+            and getattr(payload, "draft_probs", None) is None and getattr(payload, "dsa_topk_indices", None) is None)
+
+
+def _stubs_of_size(draft_input, bs: int) -> None:
+    """``draft_input``'s stub top-k probabilities / indices and hidden states (the last fill-only step's) as ``bs``
+    rows: kept when they have them (requests finished or joined since only change ``future_indices``), else new
+    marked zeros of the same row shape and dtype."""
+    for name in ("topk_p", "topk_index", "hidden_states"):
+        stub = getattr(draft_input, name, None)
+        if stub is not None and stub.shape[0] != bs:
+            setattr(draft_input, name, mark_stub(stub.new_zeros((bs, *stub.shape[1:]))))
+
+
+def _sglang_ci_asserts() -> bool:
+    """SGLang's relay assertions (``SGLANG_IS_IN_CI``) poison consumed rows: its own methods run them."""
+    from sglang.srt.managers import overlap_utils
+
+    return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
