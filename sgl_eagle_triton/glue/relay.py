@@ -47,6 +47,8 @@ def bonus_only_after_fill(future_map):
 
 @functools.cache
 def _bonus_only_class(base: type) -> type:
+    ci_asserts = _sglang_ci_asserts()  # a constant of SGLang's module, read once
+
     class BonusOnlyAfterFill(base):
         def stash(self, future_indices, payload):
             if not _relays_bonus_alone(self, payload) or future_indices.shape[0] == 0:
@@ -60,10 +62,10 @@ def _bonus_only_class(base: type) -> type:
         def _resolve_spec_extras(self, batch):
             draft_input = batch.spec_info
             indices = getattr(draft_input, "future_indices", None)
-            if (draft_input is None or indices is None or indices.shape[0] == 0 or not getattr(self, "need_topk", False)
-                    or self.spec_algo.is_ngram() or not is_stub(getattr(draft_input, "topk_p", None))
+            if (ci_asserts or draft_input is None or indices is None or indices.shape[0] == 0
+                    or not _relays_extras(self) or not is_stub(getattr(draft_input, "topk_p", None))
                     or getattr(draft_input, "future_dsa_topk_indices_available", False)
-                    or getattr(self, "draft_probs_buf", None) is not None or _sglang_ci_asserts()):
+                    or getattr(self, "draft_probs_buf", None) is not None):
                 return super()._resolve_spec_extras(batch)
             if indices.device.type != "cpu":  # as SGLang's: the indices live until this stream is done with them
                 indices.record_stream(torch.get_device_module(self.device).current_stream())
@@ -78,8 +80,13 @@ def _relays_bonus_alone(future_map, payload) -> bool:
     """A marked payload once SGLang made its relay buffers, with nothing but the bonus token, top-k and hidden
     states to relay."""
     return (is_stub(payload.topk_p) and getattr(future_map, "_forward_buf_initialized", True)
-            and getattr(future_map, "need_topk", False) and not future_map.spec_algo.is_ngram()
+            and _relays_extras(future_map)
             and getattr(payload, "draft_probs", None) is None and getattr(payload, "dsa_topk_indices", None) is None)
+
+
+def _relays_extras(future_map) -> bool:
+    """Whether ``future_map`` relays top-k (and hidden states) at all: EAGLE's, once SGLang made those buffers."""
+    return getattr(future_map, "need_topk", False) and not future_map.spec_algo.is_ngram()
 
 
 def _stubs_of_size(draft_input, bs: int) -> None:
