@@ -3,8 +3,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off eagle_triton_off_plain eagle3_off
-                   eagle3_off_skip] \\
+                   eagle_triton_cost_plain eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off
+                   eagle_triton_off_plain eagle3_off eagle3_off_skip] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -88,6 +88,8 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle3_adaptive": ("EAGLE3", "sglang"),
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
+    # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1), beside it in one call
+    "eagle_triton_cost_plain": ("EAGLE_TRITON", "cost"),
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
     "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server
     # steps 0 for good (SGLang's policy with the one candidate 0): what "off" costs against no-spec's plain decode
@@ -107,6 +109,7 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
+              "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree

@@ -315,6 +315,11 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     with pytest.raises(SystemExit):
         adaptive.parse_args(["--systems", "nospec", "eagle_triton_off_plain_before", "--real-pair"])
     assert not set(adaptive.BEFORE_SYSTEMS) & set(adaptive.parse_args([]).systems)
+    # the cost policy with plain steps 0: the cost policy's server, the plain step's environment
+    assert adaptive.spec_args("eagle_triton_cost_plain", draft, None, tmp_path) == adaptive.spec_args(
+        "eagle_triton_cost", draft, None, tmp_path)
+    assert adaptive.SYSTEM_ENV["eagle_triton_cost_plain"] == adaptive.SYSTEM_ENV["eagle_triton_off_plain"]
+    assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV
 
 
 def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_path, monkeypatch):
