@@ -3,7 +3,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
 
     python -m bench.adaptive --workdir /tmp/bench-models --out bench/results/adaptive.json \\
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
-                   eagle_triton_cost_plain eagle_triton_cost_trees eagle_triton_cost_mixed eagle_triton_off
+                   eagle_triton_cost_plain eagle_triton_cost_sglang_off eagle_triton_cost_trees
+                   eagle_triton_cost_mixed eagle_triton_off
                    eagle_triton_off_plain eagle3_off eagle3_off_skip] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
@@ -87,13 +88,17 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton": ("EAGLE_TRITON", None),
     "eagle3_adaptive": ("EAGLE3", "sglang"),
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
-    "eagle_triton_cost": ("EAGLE_TRITON", "cost"),  # the cost-aware policy (docs/adaptive.md)
-    # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1), beside it in one call
+    # the cost-aware policy (docs/adaptive.md); its steps 0 a plain decode step where it can run (the default)
+    "eagle_triton_cost": ("EAGLE_TRITON", "cost"),
+    # the same with the plain step required (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1), and with SGLang's steps-0
+    # verify (=0), beside it in one call
     "eagle_triton_cost_plain": ("EAGLE_TRITON", "cost"),
+    "eagle_triton_cost_sglang_off": ("EAGLE_TRITON", "cost"),
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
     "eagle_triton_cost_mixed": ("EAGLE_TRITON", "cost-mixed"),  # over chains and trees in one server
-    # steps 0 for good (SGLang's policy with the one candidate 0): what "off" costs against no-spec's plain decode
-    # step where the host sets the cycle (the trained pair), the speculative scheduling path around every step
+    # steps 0 for good (SGLang's policy with the one candidate 0) with SGLang's one-node verify (SYSTEM_ENV:
+    # SGLANG_EAGLE_TRITON_PLAIN_OFF=0): what "off" costs against no-spec's plain decode step where the host sets the
+    # cycle (the trained pair), the speculative scheduling path around every step
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
     # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1; off_step.py)
     "eagle_triton_off_plain": ("EAGLE_TRITON", "off"),
@@ -105,11 +110,15 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # EAGLE_TRITON served from another source tree (--before-tree: e.g. the previous commit's sgl_eagle_triton), for an
     # A/B of a change beside eagle_triton under --interleave; the same for the two steps-0 systems
     "eagle_triton_before": ("EAGLE_TRITON", None),
+    "eagle_triton_cost_before": ("EAGLE_TRITON", "cost"),
     "eagle_triton_off_before": ("EAGLE_TRITON", "off"),
     "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
               "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_cost_sglang_off": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
+              "eagle_triton_off": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
+              "eagle_triton_off_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree

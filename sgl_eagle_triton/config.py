@@ -60,9 +60,11 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
-# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step; "1"; off by default): the target's one-token
-# forward and SGLang's sampler instead of SGLang's speculative verify; unset or "0": SGLang's verify of a one-node tree
+# Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
+# sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
+# the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
 PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
+PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> plain_off_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -460,8 +462,8 @@ def _validate(sa) -> None:
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
     if os.environ.get(PLAIN_OFF_ENV, "0") not in ("0", "1"):
-        _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 as a plain decode step) or 0, "
-                "or unset it.")
+        _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 must be a plain decode step) or 0 "
+                "(SGLang's verify at steps 0), or unset it (a plain decode step wherever it can run).")
     if plain_off() and not sa.speculative_adaptive:
         _refuse(f"{PLAIN_OFF_ENV}=1 without --speculative-adaptive (it changes adaptive steps 0)",
                 f"Add --speculative-adaptive with 0 among the candidate steps, or unset {PLAIN_OFF_ENV}.")
@@ -495,9 +497,15 @@ def cycle_profile_top() -> int | None:
     return _count_env(CYCLE_PROFILE_ENV)
 
 
+def plain_off_mode() -> str:
+    """:data:`PLAIN_OFF_ENV` as ``"auto"`` (unset: adaptive steps 0 as a plain decode step wherever it can run),
+    ``"on"`` (``1``: required) or ``"off"`` (``0``: SGLang's verify); values the start-up refused read as ``"off"``."""
+    return PLAIN_OFF_MODES.get(os.environ.get(PLAIN_OFF_ENV), "off")
+
+
 def plain_off() -> bool:
-    """Whether :data:`PLAIN_OFF_ENV` asks for adaptive steps 0 as a plain decode step (``1``)."""
-    return os.environ.get(PLAIN_OFF_ENV) == "1"
+    """Whether :data:`PLAIN_OFF_ENV` requires adaptive steps 0 as a plain decode step (``1``)."""
+    return plain_off_mode() == "on"
 
 
 def verify_attention_mode() -> str:

@@ -1,6 +1,6 @@
-"""Adaptive steps 0 ("off") as a plain decode step: ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (config.PLAIN_OFF_ENV),
-off by default; lossless end to end on one GPU while switching in and out of steps 0
-(tests/test_e2e_adaptive.py with the variable set).
+"""Adaptive steps 0 ("off") as a plain decode step, wherever it can run (``EagleTritonWorkerV2.start_plain_off``;
+``SGLANG_EAGLE_TRITON_PLAIN_OFF``, config.PLAIN_OFF_ENV: 1 requires it, 0 keeps SGLang's verify); lossless end to end
+on one GPU while switching in and out of steps 0, greedy and sampled (tests/test_e2e_adaptive.py).
 
 SGLang's steps 0 verifies a one-node tree through its speculative verify (``run_eagle_verify``: the verify input's
 retrieve arrays and mask fill, cache locations by a Triton kernel, the graph's buffers loaded in a pre-plan,

@@ -15,9 +15,9 @@ swapped in by the plugin's hook). The draft, its tree building and token selecti
   a decode step (:func:`sgl_eagle_triton.verify.one_node_verify_attention`, when SGLang builds the state), and
   the draft extend is replaced by a fill of the committed tokens' draft KV
   (:meth:`TritonEagleDraftWorker.fill_draft_kv`); the move back to drafting runs one more step at 0 with the full
-  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1`` (greedy
-  requests tested on a GPU, sampled ones not) its verify is a plain decode step instead
-  (:mod:`sgl_eagle_triton.off_step`);
+  extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); its verify is a plain decode step
+  (:mod:`sgl_eagle_triton.off_step`) wherever that can run (:meth:`EagleTritonWorkerV2.start_plain_off`;
+  ``SGLANG_EAGLE_TRITON_PLAIN_OFF``: 1 requires it, 0 keeps SGLang's verify);
 - under ``--tp`` > 1: the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
@@ -433,7 +433,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
-    plain_off: PlainOff | None = None  # steps 0 as a plain decode step (config.PLAIN_OFF_ENV=1; init_cuda_graphs)
+    plain_off: PlainOff | None = None  # steps 0 as a plain decode step (start_plain_off, from init_cuda_graphs)
+    plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
 
     def __init__(self, *args, **kwargs):
@@ -541,15 +542,20 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                     {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(replay.items())})
 
     def start_plain_off(self) -> None:
-        """With ``config.PLAIN_OFF_ENV=1``: steps 0 runs as a plain decode step (:mod:`sgl_eagle_triton.off_step`) once
-        SGLang has built the states; refused (RuntimeError naming what to change) without a steps-0 state, or where
-        its target attention is not ours (:class:`~sgl_eagle_triton.verify.OneNodeVerifyAttention`: the plain step's
-        one-token forward runs its decode kernels and reads no mask) or the draft runs under tensor parallelism."""
-        if not config.plain_off():
-            return
+        """Steps 0 as a plain decode step (:mod:`sgl_eagle_triton.off_step`) once SGLang has built the states, unless
+        ``config.PLAIN_OFF_ENV=0``: not without a steps-0 state, nor where its target attention is not ours
+        (:class:`~sgl_eagle_triton.verify.OneNodeVerifyAttention`: the plain step's one-token forward runs its decode
+        kernels and reads no mask), the draft runs under tensor parallelism, or the plain step's SGLang touchpoints
+        moved. There, SGLang's steps-0 verify runs, the reason logged and kept in :attr:`plain_off_declined` (the
+        kernel report); under ``config.PLAIN_OFF_ENV=1`` the server is refused instead (RuntimeError naming what to
+        change)."""
+        mode = config.plain_off_mode()
         controller = self.adaptive_controller
         state = None if controller is None else controller._states.get(0)
+        if mode == "off" or (state is None and mode == "auto"):  # "auto" without steps 0: nothing to decline
+            return
         backend = getattr(state, "target_attn_backend", None)
+        problems = glue.glue_problems(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2), plain_off=True)
         why = None
         if state is None:
             why = "steps 0 is not an adaptive candidate"
@@ -558,12 +564,19 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                    "a 16-bit KV cache of page size 1)")
         elif self.draft_worker._tensor_parallel is not None:
             why = "the draft runs under tensor parallelism"
-        if why is not None:
+        elif problems:
+            why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
+        if why is not None and mode == "on":
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "
                                f"{config.PLAIN_OFF_ENV}.")
+        if why is not None:
+            self.plain_off_declined = why
+            logger.warning("%s: adaptive steps 0 runs SGLang's one-node verify, not a plain decode step: %s",
+                           ALGORITHM_NAME, why)
+            return
         self.plain_off = PlainOff(self.device)
-        logger.warning("%s: %s=1: adaptive steps 0 runs as a plain decode step", ALGORITHM_NAME,
-                       config.PLAIN_OFF_ENV)
+        logger.info("%s: adaptive steps 0 runs as a plain decode step (%s)", ALGORITHM_NAME,
+                    f"{config.PLAIN_OFF_ENV}=1" if mode == "on" else "the default")
 
     def capture_draft_kv(self) -> None:
         """Steps 0's KV fill as CUDA graphs at the batch sizes of the steps-0 state's verify graphs
@@ -710,8 +723,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         under ``--speculative-adaptive``, the decode steps run at each step count."""
         kernels = {**KERNELS_IN_USE, "verify attention": getattr(self, "verify_attention", "not yet built")}
         if self.plain_off is not None:
-            kernels["steps 0"] = (f"plain decode step ({config.PLAIN_OFF_ENV}=1): the target's "
-                                  "one-token forward, SGLang's sampler, the draft KV fill")
+            kernels["steps 0"] = ("plain decode step: the target's one-token forward, SGLang's sampler, the draft KV "
+                                  "fill")
+        elif self.plain_off_declined is not None:
+            kernels["steps 0"] = (f"SGLang's one-node verify, the draft KV fill (plain step declined: "
+                                  f"{self.plain_off_declined})")
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:

@@ -305,19 +305,23 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
         adaptive.parse_args(["--systems", "eagle_triton_before", "--real-pair"])
     args = adaptive.parse_args(["--systems", "eagle_triton_before", "--before-tree", "/old"])
     assert args.before_tree == Path("/old")
-    # the steps-0 systems too, each as its current twin (plain steps 0: the same server environment)
-    assert adaptive.BEFORE_SYSTEMS == ["eagle_triton_before", "eagle_triton_off_before",
+    # the cost policy and the steps-0 systems too, each as its current twin (the same server environment)
+    assert adaptive.BEFORE_SYSTEMS == ["eagle_triton_before", "eagle_triton_cost_before", "eagle_triton_off_before",
                                        "eagle_triton_off_plain_before"]
-    for system in ("eagle_triton_off", "eagle_triton_off_plain"):
+    for system in ("eagle_triton_cost", "eagle_triton_off", "eagle_triton_off_plain"):
         assert adaptive.spec_args(f"{system}_before", draft, None, tmp_path) == adaptive.spec_args(
             system, draft, None, tmp_path)
         assert adaptive.SYSTEM_ENV.get(f"{system}_before") == adaptive.SYSTEM_ENV.get(system)
     with pytest.raises(SystemExit):
         adaptive.parse_args(["--systems", "nospec", "eagle_triton_off_plain_before", "--real-pair"])
     assert not set(adaptive.BEFORE_SYSTEMS) & set(adaptive.parse_args([]).systems)
-    # the cost policy with plain steps 0: the cost policy's server, the plain step's environment
-    assert adaptive.spec_args("eagle_triton_cost_plain", draft, None, tmp_path) == adaptive.spec_args(
-        "eagle_triton_cost", draft, None, tmp_path)
+    # the cost policy with plain steps 0 required / with SGLang's steps-0 verify: the cost policy's server, the
+    # variable set; steps 0 for good with SGLang's verify (the default is the plain step)
+    for system, value in (("eagle_triton_cost_plain", "1"), ("eagle_triton_cost_sglang_off", "0")):
+        assert adaptive.spec_args(system, draft, None, tmp_path) == adaptive.spec_args(
+            "eagle_triton_cost", draft, None, tmp_path)
+        assert adaptive.SYSTEM_ENV[system] == {"SGLANG_EAGLE_TRITON_PLAIN_OFF": value}
+    assert adaptive.SYSTEM_ENV["eagle_triton_off"] == {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"}
     assert adaptive.SYSTEM_ENV["eagle_triton_cost_plain"] == adaptive.SYSTEM_ENV["eagle_triton_off_plain"]
     assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV
 

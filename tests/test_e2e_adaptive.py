@@ -7,23 +7,30 @@ trained tiny pair through ``/generate`` (greedy, deterministic inference; one by
 mixed-topk candidates, the cycle knob with an EAGLE-1 draft (the random pair), and the cycle knob and cost policy
 at ``--tp 2``, likewise.
 
+Steps 0 runs as a plain decode step by default (sgl_eagle_triton/off_step.py); the server under SGLang's policy
+keeps SGLang's steps-0 verify (``SGLANG_EAGLE_TRITON_PLAIN_OFF=0``), so both flows are served beside stock. Sampled
+requests (seeded) through steps 0 for good: the plain step samples as no speculation does, token for token.
+
 Pass: each EAGLE_TRITON server is tie-aware equal to no speculation (tests/lossless.py), its ``/server_info``
 report shows our kernels ran with no error and the step counts it ran at (the cycling server: every candidate);
 EAGLE_TRITON adaptive accepts at least ``tests.e2e.accept_share`` of stock adaptive's accept length. ``E2E_REPORT_DIR``
-receives ``adaptive.json``.
+receives ``adaptive.json`` (and one report per other test).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sgl_eagle_triton import config
+from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
 from sgl_eagle_triton.worker import DRAFT_KV_FILL
 from tests.e2e import (
     MIXED_DRAFT_TOKENS,
+    PROMPTS,
     TREE_DRAFT_TOKENS,
     TREE_TOPK,
     accept_share,
@@ -63,7 +70,7 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
         "stock": e2e_server("adaptive-EAGLE3", TARGET, ["--speculative-algorithm", "EAGLE3", *ADAPTIVE,
                                                         *STOCK_WIDEST_FIRST], tmp_path),
         "ours": e2e_server("adaptive-EAGLE_TRITON", TARGET, ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE],
-                           tmp_path),
+                           tmp_path, env={config.PLAIN_OFF_ENV: "0"}),  # SGLang's steps-0 verify
         "ours_cycle": e2e_server("adaptive-EAGLE_TRITON-cycle", TARGET,
                                  ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE], tmp_path,
                                  env={config.ADAPTIVE_CYCLE_ENV: "1"}),
@@ -92,11 +99,92 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
     # steps 0 filled the draft KV alone, and every move from 0 to a draft went through one full draft extend
     assert reports["ours_cycle"]["ran"].get(DRAFT_KV_FILL, 0) >= 50, reports["ours_cycle"]["ran"]
     assert reports["ours_cycle"]["adaptive_resumes"] >= 50, reports["ours_cycle"]
+    # steps 0 as a plain decode step by default; SGLang's verify where the variable is 0
+    assert reports["ours_cycle"]["ran"].get(PLAIN_OFF_STEP, 0) >= 50, reports["ours_cycle"]["ran"]
+    assert PLAIN_OFF_STEP not in reports["ours"]["ran"], reports["ours"]["ran"]
     assert reports["ours"]["adaptive_steps_in_force"], reports["ours"]
     share = accept_share(reports["ours"])
     assert summary["ours"]["accept_length"] >= share * summary["stock"]["accept_length"], (share, summary)
     policy = reports["ours_cost"]["adaptive_policy"]  # every candidate priced at every captured batch size
     assert {key.split(",")[0] for key in policy["replay_ms"]} == CANDIDATES, policy
+
+
+# Sampled requests, seeded (SGLang's positional seeds under --enable-deterministic-inference). No min_p: with
+# deterministic inference SGLang 0.5.17's torch sampler asserts on min_p > 0 in the prefill (tests/load_mix.py).
+SAMPLED = {"temperature": 1.0, "top_p": 0.9, "top_k": 40}
+SAMPLED_REQUESTS, SAMPLED_TOKENS = 48, 64
+# steps 0 for good: every batch the servers run (up to 16 requests) has the one candidate 0; the server starts at
+# the drafting candidate of a bracket no batch reaches (an adaptive start at steps 0 is refused)
+OFF_FOR_GOOD = {"1": {"candidate_steps": [0]}, "65": {"candidate_steps": [1]}}
+
+
+def _serve_sampled(server, with_logprobs: bool) -> dict:
+    """:data:`SAMPLED_REQUESTS` seeded sampled ``/generate`` requests of :data:`SAMPLED_TOKENS` tokens (request ``i``:
+    seed ``1000 + i``): one by one, then all at once. Returns their output ids per pattern (``with_logprobs`` unused:
+    :func:`tests.e2e.serve_concurrently`'s signature)."""
+    prompts = (PROMPTS * (SAMPLED_REQUESTS // len(PROMPTS) + 1))[:SAMPLED_REQUESTS]
+
+    def one(i: int) -> list[int]:
+        return server.generate(prompts[i], SAMPLED_TOKENS, sampling_seed=1000 + i, **SAMPLED)["output_ids"]
+
+    one_by_one = [one(i) for i in range(SAMPLED_REQUESTS)]
+    with ThreadPoolExecutor(SAMPLED_REQUESTS) as pool:
+        concurrent = list(pool.map(one, range(SAMPLED_REQUESTS)))
+    return {"one_by_one": one_by_one, "concurrent": concurrent}
+
+
+def _parted(outputs: list[list[int]], nospec: list[list[int]]) -> list[int]:
+    """For each request whose output differs from no-spec's: the index of its first differing token."""
+    return [next(i for i, (a, b) in enumerate(zip(out, ref, strict=True)) if a != b)
+            for out, ref in zip(outputs, nospec, strict=True) if out != ref]
+
+
+def test_plain_off_samples_as_no_spec(tmp_path):
+    """Steps 0 for good, sampled: the plain decode step samples with SGLang's no-spec sampler at no-spec's positions,
+    so seeded outputs equal no-spec's token for token, one by one and all at once (batch-invariant kernels under
+    deterministic inference). Control: the same server with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=0`` (SGLang's one-node
+    verify, whose bonus token our tree sampling draws with its own coins) parts from no-spec on most requests, so the
+    comparison can fail. And the cycle knob under sampled traffic (sampled verifies of every candidate, plain steps 0,
+    resumes between them) serves every request with no kernel error."""
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps(OFF_FOR_GOOD))
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
+    off_flags = [*spec, "--speculative-adaptive-config", str(off), "--speculative-num-steps", "1"]
+    servers = {
+        "nospec": e2e_server("sampled-nospec", TARGET, [], tmp_path),
+        "ours_off": e2e_server("sampled-EAGLE_TRITON-off", TARGET, off_flags, tmp_path),
+        "ours_off_sglang": e2e_server("sampled-EAGLE_TRITON-off-sglang-verify", TARGET, off_flags, tmp_path,
+                                      env={config.PLAIN_OFF_ENV: "0"}),
+        "ours_cycle": e2e_server("sampled-EAGLE_TRITON-cycle", TARGET, spec, tmp_path,
+                                 env={config.ADAPTIVE_CYCLE_ENV: "1"}),
+    }
+    ours = ("ours_off", "ours_off_sglang", "ours_cycle")
+    results, infos = serve_concurrently(servers, _serve_sampled, ours)
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
+    summary = {key: {pattern: _parted(results[key][pattern], results["nospec"][pattern])
+                     for pattern in ("one_by_one", "concurrent")} for key in ours}
+    summary["reports"] = reports
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-sampled.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    for key in ours:
+        assert reports[key]["errors"] == [], (key, reports[key])
+        assert all(len(ids) == SAMPLED_TOKENS for pattern in ("one_by_one", "concurrent")
+                   for ids in results[key][pattern]), key
+    # every decode step of the sampled requests at steps 0, a plain step (the server's warm-up request, greedy, ran
+    # its first decode step at the initial steps 1: measured on an H200, 3271 plain steps and one at 1)
+    ran, steps = reports["ours_off"]["ran"], reports["ours_off"]["adaptive_steps_in_force"]
+    assert set(steps) <= {"0", "1"} and steps.get("1", 0) <= 1, steps
+    assert ran.get(PLAIN_OFF_STEP, 0) >= SAMPLED_REQUESTS * (SAMPLED_TOKENS - 1), ran
+    assert summary["ours_off"] == {"one_by_one": [], "concurrent": []}, summary["ours_off"]
+    assert PLAIN_OFF_STEP not in reports["ours_off_sglang"]["ran"], reports["ours_off_sglang"]
+    # the control parted on 48 of 48 requests, one by one and all at once (H200)
+    assert len(summary["ours_off_sglang"]["one_by_one"]) > SAMPLED_REQUESTS // 2, summary["ours_off_sglang"]
+    # measured: 509 plain steps, 509 resumes, 2031 sampled verifies (H200); a fifth of that at least
+    cycle = reports["ours_cycle"]
+    assert cycle["ran"].get(PLAIN_OFF_STEP, 0) >= 100 and cycle["adaptive_resumes"] >= 100, cycle
+    assert cycle["ran"].get("triton tree_speculative_sampling", 0) >= 400, cycle["ran"]
 
 
 def _serve_tree_candidates(servers: dict, ours: tuple, report_name: str, shapes: dict) -> dict:

@@ -1,7 +1,8 @@
-"""Adaptive steps 0 as a plain decode step (sgl_eagle_triton/off_step.py, ``SGLANG_EAGLE_TRITON_PLAIN_OFF=1``) on the
-CPU: which batches take it, the one-token forward and SGLang's sampler it runs, the result SGLang's spec-v2 result
-processing reads, the worker's routing inside SGLang's steps-0 flow, and the start-up checks (small stand-ins for
-SGLang's runner, worker and batch)."""
+"""Adaptive steps 0 as a plain decode step (sgl_eagle_triton/off_step.py; by default where it can run,
+``SGLANG_EAGLE_TRITON_PLAIN_OFF`` 1 requires it, 0 keeps SGLang's verify) on the CPU: which batches take it, the
+one-token forward and SGLang's sampler it runs, the result SGLang's spec-v2 result processing reads, the worker's
+routing inside SGLang's steps-0 flow, and the start-up checks (small stand-ins for SGLang's runner, worker and
+batch)."""
 
 from types import SimpleNamespace
 
@@ -116,10 +117,12 @@ def test_the_plain_step_is_the_targets_one_token_forward_and_sglangs_sampler(ini
 
 
 class _Req:
-    """What SGLang's spec-v2 result processing touches on a request."""
+    """What SGLang's spec-v2 result processing touches on a request (the committed length on the request up to 0.5.18,
+    on ``req.kv`` from 0.5.19: both are this object's)."""
 
     def __init__(self):
         self.kv_committed_len, self.spec_verify_ct, self.spec_num_correct_drafts, self.grammar = 10, 0, 0, None
+        self.kv = self
         self.histogram = []
         self.is_retracted = False
 
@@ -141,7 +144,8 @@ def test_sglangs_spec_result_processing_reads_one_committed_token_per_request(in
     fed = []
     processor = SimpleNamespace(
         model_worker=SimpleNamespace(on_verify_complete_cpu=lambda correct, batch_size=0: fed.append(correct)),
-        advance_grammar_fsm=lambda result, batch: None)
+        advance_grammar_fsm=lambda result, batch: None,
+        metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=lambda batch, result: None))  # 0.5.23
     reqs = [_Req() for _ in range(3)]
     tokens = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, SimpleNamespace(reqs=reqs))
     assert tokens == [[2], [3], [4]] and fed == [[0, 0, 0]] and result.num_correct_drafts == 0
@@ -198,37 +202,84 @@ def test_the_read_done_event_is_published_after_the_steps_0_fill_once(monkeypatc
     assert order == ["fill", "event", "fill"] and d.read_done_after_fill is None and d.draft_stale
 
 
-def test_the_plain_step_is_refused_at_start_where_it_cannot_run(monkeypatch):
-    """With the variable set: refused without a steps-0 state or where steps 0's target attention is not ours (it
-    reads no mask and runs SGLang's decode kernels); started where it is (and reported)."""
+def _starting_worker(state=True, ours=True, tensor_parallel=False):
+    """A worker at ``start_plain_off``: a steps-0 state (``state``) whose target attention is ours (``ours``) or
+    SGLang's triton backend, the draft under tensor parallelism or not."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
-    w.device, w.adaptive_controller = "cpu", None
-    w._draft_worker = SimpleNamespace(_tensor_parallel=None)
-    with pytest.raises(RuntimeError, match="PLAIN_OFF=1, but steps 0 is not an adaptive candidate.*unset"):
+    w.device = "cpu"
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend = verify.one_node_verify_attention(backend) if ours else backend
+    w.adaptive_controller = SimpleNamespace(_states={0: SimpleNamespace(target_attn_backend=backend)} if state else {})
+    w._draft_worker = SimpleNamespace(_tensor_parallel=object() if tensor_parallel else None)
+    return w
+
+
+# what keeps each worker of _starting_worker from the plain step, matched in the refusal, the log and the report
+CANNOT_RUN = {"no steps-0 state": ({"state": False}, "steps 0 is not an adaptive candidate"),
+              "SGLang's attention": ({"ours": False}, "target attention is TritonAttnBackend, not ours"),
+              "tensor parallelism": ({"tensor_parallel": True}, "the draft runs under tensor parallelism")}
+
+
+@pytest.mark.parametrize("case", sorted(CANNOT_RUN))
+def test_the_plain_step_is_refused_at_start_where_it_cannot_run_when_required(monkeypatch, case):
+    """``=1``: refused (naming what to change) without a steps-0 state, where steps 0's target attention is not ours
+    (it reads no mask and runs SGLang's decode kernels) or the draft runs under tensor parallelism."""
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    kwargs, why = CANNOT_RUN[case]
+    with pytest.raises(RuntimeError, match=f"PLAIN_OFF=1, but .*{why}.*unset"):
+        _starting_worker(**kwargs).start_plain_off()
+
+
+@pytest.mark.parametrize("case", sorted(set(CANNOT_RUN) - {"no steps-0 state"}))
+def test_the_plain_step_is_declined_by_default_where_it_cannot_run(monkeypatch, case, caplog):
+    """Unset: SGLang's steps-0 verify, the reason logged and in the kernel report; without a steps-0 state nothing to
+    decline (no log, no report)."""
+    monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
+    kwargs, why = CANNOT_RUN[case]
+    w = _starting_worker(**kwargs)
+    with caplog.at_level("WARNING", logger=worker.logger.name):
         w.start_plain_off()
-    w.adaptive_controller = SimpleNamespace(_states={0: SimpleNamespace(target_attn_backend=SimpleNamespace())})
-    with pytest.raises(RuntimeError, match="target attention is SimpleNamespace, not ours"):
-        w.start_plain_off()
-    backend = verify.one_node_verify_attention(TritonAttnBackend.__new__(TritonAttnBackend))
-    w.adaptive_controller._states[0].target_attn_backend = backend
-    w._draft_worker._tensor_parallel = object()
-    with pytest.raises(RuntimeError, match="the draft runs under tensor parallelism"):
-        w.start_plain_off()
-    w._draft_worker._tensor_parallel = None
+    assert w.plain_off is None and why in w.plain_off_declined and why in caplog.text
+    w = _starting_worker(state=False)
     w.start_plain_off()
-    assert isinstance(w.plain_off, PlainOff)
+    assert w.plain_off is None and w.plain_off_declined is None
+
+
+def test_the_plain_step_is_declined_by_default_where_its_touchpoints_moved(monkeypatch):
+    monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
+    monkeypatch.setattr(call_sites, "glue_problems", lambda *args, plain_off=False: ["X.y (missing)"] * plain_off)
+    w = _starting_worker()
+    w.start_plain_off()
+    assert w.plain_off is None and "touchpoints moved: X.y (missing)" in w.plain_off_declined
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    with pytest.raises(RuntimeError, match=r"PLAIN_OFF=1, but its SGLang .* touchpoints moved: X.y \(missing\)"):
+        _starting_worker().start_plain_off()
+
+
+@pytest.mark.parametrize("value", [None, "1"])
+def test_the_plain_step_starts_where_it_can_run_by_default_or_required(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
+    else:
+        monkeypatch.setenv(config.PLAIN_OFF_ENV, value)
+    w = _starting_worker()
+    w.start_plain_off()
+    assert isinstance(w.plain_off, PlainOff) and w.plain_off_declined is None
+
+
+def test_0_keeps_sglangs_steps_0_verify(monkeypatch):
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
-    w.plain_off = None
-    w.start_plain_off()
-    assert w.plain_off is None
+    for kwargs in ({}, {"ours": False}):
+        w = _starting_worker(**kwargs)
+        w.start_plain_off()
+        assert w.plain_off is None and w.plain_off_declined is None
 
 
 def test_the_plain_steps_touchpoints_hold_on_this_sglang():
-    """Checked at start only with the variable set: SGLang's steps-0 flow still calls the input builder we override,
-    and the calls, constructors and fields the plain step uses are where it expects them."""
+    """Checked at start wherever steps 0 is a candidate: SGLang's steps-0 flow still calls the input builder we
+    override, and the calls, constructors and fields the plain step uses are where it expects them."""
     classes = (TritonEagleDraftWorker, EagleTritonWorkerV2)
     assert call_sites.glue_problems(worker.REPLACEMENTS, classes, plain_off=True) == []
     assert all(call_sites.reaches(getattr(owner, attr), module, name)
