@@ -47,6 +47,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections import deque
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,9 @@ class TreeEvidence:
         return None if self._ready is None else (self._ready[0], self._ready[1])
 
 
+RECENT = 32  # rests kept per (steps, bucket) for the report's spread
+
+
 class CycleCost:
     """Decode-cycle cost in ms per (steps, captured batch size).
 
@@ -275,6 +279,7 @@ class CycleCost:
         self.alpha, self.first = alpha, first
         self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
         self._early: dict[tuple[int, int], list[float]] = {}  # a state's first samples at a bucket
+        self._recent: dict[tuple[int, int], deque] = {}  # its last RECENT rests there (the report's spread)
 
     def counted(self, steps: int, bucket: int) -> bool:
         """Whether the state's rest at ``bucket`` rests on ``first`` cycles."""
@@ -301,8 +306,10 @@ class CycleCost:
         graphs = self.graphs_ms(steps, batch_size)
         rest = max(wall_ms - graphs, 0.0)
         early = self._early.setdefault(key, [])
+        recent = self._recent.setdefault(key, deque(maxlen=RECENT))
         if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
             early.append(rest)      # against 5 ms at the first step of a batch size)
+            recent.append(rest)
             self.rest[key] = sorted(early)[(len(early) - 1) // 2]
             return True
         old = self.rest.get(key)
@@ -310,8 +317,14 @@ class CycleCost:
         # alone: a rest learnt as 0 would then drop every later sample above 1 ms and stay 0 for good)
         if old is not None and wall_ms > 2 * (graphs + old) + 1.0:
             return False
+        recent.append(rest)
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
         return True
+
+    def spread(self) -> dict[tuple[int, int], tuple[float, float, int]]:
+        """Per (steps, bucket): the least and the largest of the last :data:`RECENT` rests counted there (ms outside
+        the graphs) and how many there are: how far a price could move on the cycles it was learnt from."""
+        return {key: (min(recent), max(recent), len(recent)) for key, recent in self._recent.items() if recent}
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
         """The state's rest at the batch's bucket once counted (:meth:`counted`); until then, for a drafting state,
@@ -517,6 +530,8 @@ class CostAwarePolicy:
         if self.costs is not None:
             out["replay_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.replay.items())}
             out["rest_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.rest.items())}
+            out["rest_spread_ms"] = {f"{s},{bs}": [round(low, 3), round(high, 3), n]
+                                     for (s, bs), (low, high, n) in sorted(self.costs.spread().items())}
         return out
 
 

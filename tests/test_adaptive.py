@@ -73,6 +73,11 @@ def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
     assert c.rest[3, 64] == 3.0
     c.observe_cycle(0, 64, 9.0)
     assert c.rest[0, 64] == 1.0 and c.rest[3, 64] == 3.0  # each state its own rest
+    # the report's spread: the least and largest rests counted (the dropped prefill not among them), how many
+    assert c.spread() == {(3, 64): (2.0, 90.0, 4), (0, 64): (1.0, 1.0, 1)}
+    for _ in range(40):
+        c.observe_cycle(3, 64, 21.0)
+    assert c.spread()[3, 64] == (3.0, 3.0, 32)  # the last 32
     sparse = CycleCost({(0, 8): 4.0, (3, 8): 6.0, (3, 32): 12.0})
     assert sparse.graphs_ms(0, 32) == 16.0  # steps 0 has no graph at 32: its 8 scaled by the batch
 

@@ -89,6 +89,9 @@ def test_a_prefill_between_decode_steps_is_not_timed_as_a_cycle(monkeypatch):
                       ("decode", 6)]:  # two requests starting among the first samples (one would be outvoted)
         step(mode, gap)
     assert w.cost_policy.costs.rest[3, 1] == pytest.approx(1.0)  # 6 ms cycles: the prefills' 100 ms never counted
+    # /server_info shows each rest and the spread of the rests it was learnt from
+    report = w.cost_policy.report()
+    assert report["rest_ms"] == {"3,1": 1.0} and report["rest_spread_ms"] == {"3,1": [1.0, 1.0, 1]}
 
 
 def test_adaptive_steps_follow_sglangs_controller_and_are_reported():
