@@ -13,6 +13,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive ... --server-flags "--attention-backend flashinfer"   # every server with these flags
     python -m bench.adaptive ... --server-env SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0   # and this environment
     python -m bench.adaptive --real-pair --interleave ...   # every server at once, batches measured in turn
+    python -m bench.adaptive --real-pair --interleave --pin-cores ...   # and each on cores of its own
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -60,12 +61,14 @@ from pathlib import Path
 from bench.interleave import (
     bring_up,
     combine_runs,
+    core_shares,
     measure_in_turn,
     measurement_order,
     one_after_another,
     paired_line,
     paired_ratio,
     paired_section,
+    pinned,
 )
 from bench.serve import (
     MAX_NEW_TOKENS,
@@ -78,7 +81,7 @@ from bench.serve import (
     write_models,
 )
 from sgl_eagle_triton.devtools import TRAINED_PAIR  # real acceptance (about 2 tokens per verify)
-from sgl_eagle_triton.devtools.launcher import Server, exit_on_sigterm
+from sgl_eagle_triton.devtools.launcher import LAUNCH_SERVER, Server, exit_on_sigterm
 from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +276,8 @@ def card(r: dict) -> str:
 
 def row_key(r: dict) -> tuple:
     return (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r),
-            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False), r.get("freeze_gc", False))
+            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False), r.get("freeze_gc", False),
+            r.get("pin_cores", False))
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -287,8 +291,8 @@ def label(r: dict, cards: bool = False) -> str:
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
     extra = " ".join(x for x in (r.get("env"), r.get("flags"), "round-robin" if r.get("round_robin") else "",
-                                 "freeze-gc" if r.get("freeze_gc") else "")
-                     if x)  # --server-env, --server-flags, --round-robin, --freeze-gc
+                                 "freeze-gc" if r.get("freeze_gc") else "", "pinned" if r.get("pin_cores") else "")
+                     if x)  # --server-env, --server-flags, --round-robin, --freeze-gc, --pin-cores
     if extra:
         name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name
@@ -345,7 +349,8 @@ def paired_table(by_batch: dict) -> str:
                 p = (paired_ratio(r.get("runs", []), other.get("runs", []))
                      if other is not r and card(other) == card(r) and other.get("session") == r.get("session")
                      and other.get("round_robin") == r.get("round_robin")
-                     and other.get("freeze_gc") == r.get("freeze_gc") else None)
+                     and other.get("freeze_gc") == r.get("freeze_gc")
+                     and other.get("pin_cores") == r.get("pin_cores") else None)
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
     return paired_section("tok/s ratios", "systems", lines)
@@ -400,6 +405,9 @@ def parse_args(argv=None):
     parser.add_argument("--interleave", action="store_true",
                         help="with --real-pair: start every server at once and measure them batch by batch, each "
                              "batch twice (--repeats) in alternating order (rows: the mean, 'runs' each)")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="with --interleave: each server's processes on a share of the host's cores of their own "
+                             "(taskset), this process on the rest (rows: 'pin_cores'; bench.interleave.core_shares)")
     parser.add_argument("--freeze-gc", action="store_true",
                         help="with --interleave: once every server is up and has served one request, freeze its "
                              "processes' garbage collector (SGLang's POST /freeze_gc), every system alike (rows: "
@@ -431,6 +439,8 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --round-robin needs --interleave")
     if args.freeze_gc and not args.interleave:
         raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
+    if args.pin_cores and not args.interleave:
+        raise SystemExit("bench.adaptive: --pin-cores needs --interleave")
     if args.interleave and not args.real_pair:
         raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
                          "together)")
@@ -459,13 +469,23 @@ def main(argv=None):
     before = before_tree_env(args.before_tree, os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     servers = [(system, shape) for system in args.systems
                for shape in ([None] if SYSTEMS[system][0] is None or SYSTEMS[system][1] else args.shapes)]
+    programs = {entry: LAUNCH_SERVER for entry in servers}
+    if args.pin_cores:
+        try:
+            shares, client = core_shares(list(os.sched_getaffinity(0)), len(servers))
+        except ValueError as e:
+            raise SystemExit(f"bench.adaptive: --pin-cores: {e}") from None
+        programs = {entry: pinned(LAUNCH_SERVER, share) for entry, share in zip(servers, shares, strict=True)}
+        os.sched_setaffinity(0, client)
+        meta["pin_cores"] = True
 
     def start(system, shape, extra=()):
         name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
         return Server(name, str(target), [*base_args, *spec_args(system, draft, shape, args.workdir),
                                           *shlex.split(args.server_flags), *extra],
                       args.workdir, env={**env, **SYSTEM_ENV.get(system, {}), **server_env(args.server_env),
-                                         **(before if system in BEFORE_SYSTEMS else {})})
+                                         **(before if system in BEFORE_SYSTEMS else {})},
+                      program=programs[system, shape])
 
     if args.interleave:
         return interleaved(servers, start, args, meta)

@@ -22,6 +22,28 @@ SHARED_GPU_FLAGS = ["--max-total-tokens", "65536", "--sleep-on-idle"]
 SHARED_GPU_ENV = {"SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"}
 
 
+def core_shares(cores: list[int], servers: int, client: int = 2) -> tuple[list[list[int]], list[int]]:
+    """``--pin-cores``: disjoint shares of the host's ``cores`` (this process's affinity) for ``servers`` servers, at
+    least two each, and the ``client`` cores (at least) left to this process, which streams every request. Where a
+    host-bound server's processes land moves its speed: on one H200 host (16 cores) the same cost-policy code served
+    6300-10800 tok/s at batch 16 across four servers up at once, and a state's measured cycle differed by 30-40 %
+    between servers (bench/results/2026-11-28-NVIDIA_H200-plain-default.md). Returns ``(shares, client cores)``;
+    ValueError when the cores do not go round."""
+    cores = sorted(cores)
+    each = (len(cores) - client) // servers if servers else 0
+    if servers < 1 or each < 2:
+        raise ValueError(f"{len(cores)} cores cannot give {servers} servers two each and keep {client} for the "
+                         "client: start fewer servers, or drop --pin-cores")
+    shares = [cores[i * each:(i + 1) * each] for i in range(servers)]
+    return shares, cores[servers * each:]
+
+
+def pinned(program, share: list[int]) -> tuple:
+    """``program`` (a server's command prefix) run on the cores of ``share`` alone (``taskset``; the server's
+    scheduler and detokenizer processes inherit the affinity)."""
+    return ("taskset", "-c", ",".join(map(str, share)), *program)
+
+
 def measurement_order(entries: list, batch_index: int, repeats: int = 2) -> list:
     """The order in which ``entries`` are measured at the ``batch_index``-th batch: ``repeats`` times each, the
     order reversed from one repeat to the next and the first order alternating between batches (an even

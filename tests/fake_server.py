@@ -4,22 +4,23 @@ starts (its flags), waits for and stops, in order."""
 
 class ServerLog:
     """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
-    argument list), ``envs`` (each one's environment), ``events`` (``("start" | "ready" | "post <path>" | "stop",
-    name)`` in order) and ``stopped`` (names); ``/server_info`` answers ``state`` as its ``internal_states[0]``,
-    ``log()`` ``log_text``."""
+    argument list), ``envs`` (each one's environment), ``programs`` (each one's command prefix), ``events``
+    (``("start" | "ready" | "post <path>" | "stop", name)`` in order) and ``stopped`` (names); ``/server_info``
+    answers ``state`` as its ``internal_states[0]``, ``log()`` ``log_text``."""
 
     def __init__(self, state: dict | None = None, log_text: str = ""):
-        self.started, self.envs, self.events, self.stopped = [], [], [], []
+        self.started, self.envs, self.events, self.stopped, self.programs = [], [], [], [], []
         self.state, self.log_text = state or {}, log_text
 
     def server_class(self):
         log = self
 
         class FakeServer:
-            def __init__(self, name, model, args, workdir, env=None):
+            def __init__(self, name, model, args, workdir, env=None, program=None):
                 self.name = self.url = name
                 log.started.append(args)
                 log.envs.append(env or {})
+                log.programs.append(program)
                 log.events.append(("start", name))
 
             def wait_ready(self, timeout_s):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import adaptive
+from bench import adaptive, interleave
 from bench.interleave import SHARED_GPU_FLAGS
 from sgl_eagle_triton import config as sgl_config
 from tests.fake_server import ServerLog
@@ -349,3 +349,39 @@ def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_p
     rows = json.loads(out.read_text())
     assert [r["freeze_gc"] for r in rows] == [True, True]
     assert "nospec {freeze-gc}" in out.with_suffix(".md").read_text()
+
+
+def test_core_shares_give_each_server_its_own_cores_and_keep_some_for_the_client():
+    shares, client = interleave.core_shares(list(range(16)), 4)
+    assert shares == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert client == [12, 13, 14, 15]  # (16 - 2) // 4 = 3 a server; the rest, at least two, for the client
+    shares, client = interleave.core_shares([7, 3, 5, 1, 2, 6], 2)
+    assert shares == [[1, 2], [3, 5]] and client == [6, 7]
+    for cores, servers in ((list(range(5)), 2), (list(range(16)), 8), (list(range(4)), 0)):
+        with pytest.raises(ValueError, match="cannot give"):
+            interleave.core_shares(cores, servers)
+    assert interleave.pinned(("python", "-m", "x"), [4, 5]) == ("taskset", "-c", "4,5", "python", "-m", "x")
+
+
+def test_pin_cores_starts_each_server_on_its_share_and_labels_the_rows(tmp_path, monkeypatch):
+    """``--pin-cores`` (with ``--interleave``): every server's command starts with ``taskset -c <its share>``, the
+    shares disjoint, this process on the rest; rows carry ``pin_cores`` (part of their key and label)."""
+    servers, pinned_to = ServerLog(), []
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
+                                                                            "rounds": 1, "longest_gap_ms": 1.0})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    monkeypatch.setattr(adaptive.os, "sched_getaffinity", lambda pid: set(range(10)))
+    monkeypatch.setattr(adaptive.os, "sched_setaffinity", lambda pid, cores: pinned_to.append(list(cores)))
+    out = tmp_path / "sweep.json"
+    argv = ["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
+            str(out), "--real-pair", "--pin-cores", "--repeats", "1"]
+    with pytest.raises(SystemExit, match="--pin-cores needs --interleave"):
+        adaptive.main(argv)
+    adaptive.main([*argv, "--interleave"])
+    assert [p[:3] for p in servers.programs] == [("taskset", "-c", "0,1,2,3"), ("taskset", "-c", "4,5,6,7")]
+    assert all(p[3:] == tuple(adaptive.LAUNCH_SERVER) for p in servers.programs) and pinned_to == [[8, 9]]
+    rows = json.loads(out.read_text())
+    assert [r["pin_cores"] for r in rows] == [True, True]
+    assert "nospec {pinned}" in out.with_suffix(".md").read_text()
