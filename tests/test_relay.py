@@ -15,11 +15,16 @@ from sgl_eagle_triton.glue import relay
 POOL, TOPK, HIDDEN = 8, 1, 4
 
 
+def _pool():
+    """SGLang's request-to-token pool as the future map reads it."""
+    return SimpleNamespace(req_to_token=torch.zeros(POOL, 16, dtype=torch.int32))
+
+
 @pytest.fixture
 def future_map(monkeypatch):
+    """The relaying future map, nothing stashed yet."""
     monkeypatch.setattr(spec_utils, "spec_need_hidden_states", lambda *a, **k: True)  # an EAGLE-3 server's answer
-    pool = SimpleNamespace(req_to_token=torch.zeros(POOL, 16, dtype=torch.int32))
-    made = SpeculativeAlgorithm.EAGLE3.create_future_map(torch.device("cpu"), pool)
+    made = SpeculativeAlgorithm.EAGLE3.create_future_map(torch.device("cpu"), _pool())
     base = type(made)
     fm = relay.bonus_only_after_fill(made)
     assert isinstance(fm, base) and type(fm) is not base
@@ -93,12 +98,10 @@ def test_unmarked_relays_and_resolves_are_sglangs(future_map, monkeypatch):
     assert resolved[:3] == [unmarked, dsa, empty] and len(resolved) == 4
 
 
-def test_the_first_stash_is_sglangs_even_marked(monkeypatch):
+def test_the_first_stash_is_sglangs_even_marked(future_map):
     """SGLang makes its relay buffers from the first payload it stashes: a marked one goes to SGLang's stash too."""
-    monkeypatch.setattr(spec_utils, "spec_need_hidden_states", lambda *a, **k: True)
-    pool = SimpleNamespace(req_to_token=torch.zeros(POOL, 16, dtype=torch.int32))
-    fm = relay.bonus_only_after_fill(SpeculativeAlgorithm.EAGLE3.create_future_map(torch.device("cpu"), pool))
-    rows = torch.tensor([4])
+    fm, rows = future_map, torch.tensor([4])
+    assert getattr(fm, "topk_p_buf", None) is None  # no buffers before the first stash
     fm.stash(rows, _payload([9], stub=True))
     assert fm.output_tokens_buf[rows].tolist() == [9] and fm.topk_p_buf is not None
     assert torch.equal(fm.topk_p_buf[rows], torch.zeros(1, TOPK))
@@ -107,6 +110,5 @@ def test_the_first_stash_is_sglangs_even_marked(monkeypatch):
 def test_our_algorithm_makes_the_relaying_future_map(monkeypatch):
     from sgl_eagle_triton.plugin import EagleTritonSpecAlgo
 
-    pool = SimpleNamespace(req_to_token=torch.zeros(POOL, 16, dtype=torch.int32))
-    fm = EagleTritonSpecAlgo.create_future_map(SpeculativeAlgorithm.EAGLE3, torch.device("cpu"), pool)
+    fm = EagleTritonSpecAlgo.create_future_map(SpeculativeAlgorithm.EAGLE3, torch.device("cpu"), _pool())
     assert type(fm) is relay._bonus_only_class(type(fm).__mro__[1])
