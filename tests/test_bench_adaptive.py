@@ -326,29 +326,36 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV
 
 
-def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_path, monkeypatch):
-    """``--freeze-gc`` (with ``--interleave``): once all servers are up, each serves one request and then gets SGLang's
-    ``/freeze_gc``, all before the first measurement; rows carry ``freeze_gc`` (part of their key and label)."""
-    servers, calls = ServerLog(), []
+def _interleaved_sweep(tmp_path, monkeypatch, servers: ServerLog, flag: str, measure=lambda url: None) -> tuple:
+    """A two-server ``--real-pair`` sweep with ``flag`` on ``servers`` (fakes): refused without ``--interleave``, then
+    run with it, ``measure(url)`` called at each measurement. Returns its rows and its report."""
     monkeypatch.setattr(adaptive, "Server", servers.server_class())
-    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: servers.events.append(("request", url)))
-    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: calls.append(url) or servers.events.append(
-        ("measure", url)) or {"tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: measure(url) or {
+        "tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
     monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
     out = tmp_path / "sweep.json"
     argv = ["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
-            str(out), "--real-pair", "--freeze-gc", "--repeats", "1"]
-    with pytest.raises(SystemExit, match="--freeze-gc needs --interleave"):
+            str(out), "--real-pair", flag, "--repeats", "1"]
+    with pytest.raises(SystemExit, match=f"{flag} needs --interleave"):
         adaptive.main(argv)
     adaptive.main([*argv, "--interleave"])
+    return json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+def test_freeze_gc_freezes_every_server_after_one_request_before_measuring(tmp_path, monkeypatch):
+    """``--freeze-gc`` (with ``--interleave``): once all servers are up, each serves one request and then gets SGLang's
+    ``/freeze_gc``, all before the first measurement; rows carry ``freeze_gc`` (part of their key and label)."""
+    servers, calls = ServerLog(), []
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: servers.events.append(("request", url)))
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc",
+                                      lambda url: calls.append(url) or servers.events.append(("measure", url)))
     events = [e for e in servers.events if e[0] not in ("start", "ready", "stop")]
     assert events[:4] == [("request", "nospec"), ("post /freeze_gc", "nospec"), ("request", "eagle_triton_off"),
                           ("post /freeze_gc", "eagle_triton_off")]
     assert sorted(calls) == ["eagle_triton_off", "nospec"] and all(e[0] == "measure" for e in events[4:])
-    rows = json.loads(out.read_text())
     assert [r["freeze_gc"] for r in rows] == [True, True]
-    assert "nospec {freeze-gc}" in out.with_suffix(".md").read_text()
+    assert "nospec {freeze-gc}" in report
 
 
 def test_core_shares_give_each_server_its_own_cores_and_keep_some_for_the_client():
@@ -367,21 +374,10 @@ def test_pin_cores_starts_each_server_on_its_share_and_labels_the_rows(tmp_path,
     """``--pin-cores`` (with ``--interleave``): every server's command starts with ``taskset -c <its share>``, the
     shares disjoint, this process on the rest; rows carry ``pin_cores`` (part of their key and label)."""
     servers, pinned_to = ServerLog(), []
-    monkeypatch.setattr(adaptive, "Server", servers.server_class())
-    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {"tok_per_s": 1.0, "accept_len": 1.0,
-                                                                            "rounds": 1, "longest_gap_ms": 1.0})
-    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
-    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
     monkeypatch.setattr(adaptive.os, "sched_getaffinity", lambda pid: set(range(10)))
     monkeypatch.setattr(adaptive.os, "sched_setaffinity", lambda pid, cores: pinned_to.append(list(cores)))
-    out = tmp_path / "sweep.json"
-    argv = ["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
-            str(out), "--real-pair", "--pin-cores", "--repeats", "1"]
-    with pytest.raises(SystemExit, match="--pin-cores needs --interleave"):
-        adaptive.main(argv)
-    adaptive.main([*argv, "--interleave"])
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--pin-cores")
     assert [p[:3] for p in servers.programs] == [("taskset", "-c", "0,1,2,3"), ("taskset", "-c", "4,5,6,7")]
     assert all(p[3:] == tuple(adaptive.LAUNCH_SERVER) for p in servers.programs) and pinned_to == [[8, 9]]
-    rows = json.loads(out.read_text())
     assert [r["pin_cores"] for r in rows] == [True, True]
-    assert "nospec {pinned}" in out.with_suffix(".md").read_text()
+    assert "nospec {pinned}" in report
