@@ -126,3 +126,18 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
     assert ("| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 0.050 | 0.020 | 1.600 | 0.010 | "
             "0.020 | 1.300 | 0.030 | 0.040 | 0.050 | 0.060 |") in text
     assert "| nospec | 0 |" + " - |" * 17 in text
+
+
+def test_the_policy_simulation_shows_steps_0_holding_after_a_hard_request():
+    """bench.policy_sim (docs/off-step-design.md section 6): after a hard first request the cost policy stays at steps
+    0 for the easy ones that follow (it learns no acceptance there); fading its evidence at steps 0 makes it draft
+    again. A policy that probes by itself would fail the first assertion: update the section with it."""
+    from bench import policy_sim
+
+    rates = policy_sim.TRAFFIC["mixed"][:6]
+    held = policy_sim.simulate(rates, None, tokens_per_request=100)
+    assert held["steps_in_force"].get(0, 0) > 0.95 * sum(held["steps_in_force"].values())
+    faded = policy_sim.simulate(rates, 1.0, tokens_per_request=100)
+    assert faded["steps_in_force"].get(7, 0) + faded["steps_in_force"].get(5, 0) > 50
+    assert faded["tok_per_ms"] > held["tok_per_ms"]
+    assert policy_sim.simulate(policy_sim.TRAFFIC["easy"][:2], None, tokens_per_request=100)["tok_per_ms"] > 1.0
