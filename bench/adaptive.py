@@ -28,7 +28,8 @@ prompts with its real acceptance instead (label ``"real:tiny-code-v1"``).
 
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there);
-batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``).
+batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``). An EAGLE_TRITON adaptive server's rows also
+keep what its policy chose and priced, read after the batch (row key ``policy``: :func:`policy_state`).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
 crashes at start otherwise; docs/design.md). Every server runs the triton attention backend unless
@@ -493,17 +494,35 @@ def main(argv=None):
     def measure_batch(system, shape, server, attention, batch):
         result = measure(server.url, batch, args.real_pair)
         print(server.name, batch, result, flush=True)
-        return row(system, shape, batch, meta, attention, result)
+        return row(system, shape, batch, meta, attention, result, policy_state(server))
 
     # a server that failed to start or serve: the sweep goes on without it
     one_after_another(servers, start, verify_attention, measure_batch, args.batches, lambda rows: save(args.out, rows),
                       keep_going=True)
 
 
-def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict) -> dict:
-    return dict(system=system, steps=shape[0] if shape else None, topk=shape[1] if shape else None,
-                draft_tokens=shape[2] if shape else None, batch=batch, **meta, verify_attention=attention,
-                candidates=COST_CANDIDATES if SYSTEMS[system][1] == "cost" else None, **result)
+def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict, policy: dict | None = None) -> dict:
+    out = dict(system=system, steps=shape[0] if shape else None, topk=shape[1] if shape else None,
+               draft_tokens=shape[2] if shape else None, batch=batch, **meta, verify_attention=attention,
+               candidates=COST_CANDIDATES if SYSTEMS[system][1] == "cost" else None, **result)
+    if policy is not None:
+        out["policy"] = policy
+    return out
+
+
+POLICY_KEYS = ("switches", "depth_rates", "rest_ms", "rest_spread_ms")  # of the cost policy's report, kept in rows
+
+
+def policy_state(server) -> dict | None:
+    """Row key ``policy`` of an EAGLE_TRITON adaptive server after a batch, from its ``/server_info``: the decode steps
+    run at each step count since start (``steps_in_force``) and, under the cost policy, its switches, depth rates
+    and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose and the prices it chose by. None for
+    other servers."""
+    state = server.get_json("/server_info")["internal_states"][0].get("eagle_triton", {})
+    if "adaptive_steps_in_force" not in state:
+        return None
+    policy = state.get("adaptive_policy") or {}
+    return {"steps_in_force": state["adaptive_steps_in_force"], **{k: policy[k] for k in POLICY_KEYS if k in policy}}
 
 
 def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
@@ -536,7 +555,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                                       keep="tok_per_s")
                 if args.round_robin:
                     result["rounds"] = len(runs[server.name])  # a round per run
-                rows.append(row(system, shape, batch, meta, attention, result))
+                rows.append(row(system, shape, batch, meta, attention, result, policy_state(server)))
             save(args.out, rows)
     finally:
         for server in started:

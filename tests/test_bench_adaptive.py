@@ -370,6 +370,20 @@ def test_core_shares_give_each_server_its_own_cores_and_keep_some_for_the_client
     assert interleave.pinned(("python", "-m", "x"), [4, 5]) == ("taskset", "-c", "4,5", "python", "-m", "x")
 
 
+def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_path, monkeypatch):
+    """Each row of an adaptive server carries ``policy``: its steps in force and the cost policy's switches, rates,
+    rests and their spreads, read from ``/server_info`` after the batch; other servers' rows carry none."""
+    report = {"adaptive_steps_in_force": {"0": 5, "3": 2},
+              "adaptive_policy": {"policy": "cost", "steps": 0, "switches": 3, "depth_rates": [0.5], "rest_ms": {
+                  "0,1": 1.5}, "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}, "replay_ms": {"0,1": 0.1}}}
+    servers = ServerLog(state={"eagle_triton": report})
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
+    rows, _ = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
+    assert [r["policy"] for r in rows] == [{"steps_in_force": {"0": 5, "3": 2}, "switches": 3, "depth_rates": [0.5],
+                                            "rest_ms": {"0,1": 1.5}, "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}}] * 2
+    assert adaptive.policy_state(ServerLog().server_class()("nospec", "m", [], "w")) is None
+
+
 def test_pin_cores_starts_each_server_on_its_share_and_labels_the_rows(tmp_path, monkeypatch):
     """``--pin-cores`` (with ``--interleave``): every server's command starts with ``taskset -c <its share>``, the
     shares disjoint, this process on the rest; rows carry ``pin_cores`` (part of their key and label)."""
