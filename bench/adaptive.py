@@ -55,6 +55,7 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -442,6 +443,8 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
     if args.pin_cores and not args.interleave:
         raise SystemExit("bench.adaptive: --pin-cores needs --interleave")
+    if args.pin_cores and shutil.which("taskset") is None:
+        raise SystemExit("bench.adaptive: --pin-cores needs taskset (util-linux) on this host")
     if args.interleave and not args.real_pair:
         raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
                          "together)")

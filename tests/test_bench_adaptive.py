@@ -390,6 +390,10 @@ def test_pin_cores_starts_each_server_on_its_share_and_labels_the_rows(tmp_path,
     servers, pinned_to = ServerLog(), []
     monkeypatch.setattr(adaptive.os, "sched_getaffinity", lambda pid: set(range(10)))
     monkeypatch.setattr(adaptive.os, "sched_setaffinity", lambda pid, cores: pinned_to.append(list(cores)))
+    monkeypatch.setattr(adaptive.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="--pin-cores needs taskset"):
+        adaptive.main(["--real-pair", "--interleave", "--pin-cores", "--out", str(tmp_path / "x.json")])
+    monkeypatch.setattr(adaptive.shutil, "which", lambda name: f"/usr/bin/{name}")
     rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--pin-cores")
     assert [p[:3] for p in servers.programs] == [("taskset", "-c", "0,1,2,3"), ("taskset", "-c", "4,5,6,7")]
     assert all(p[3:] == tuple(adaptive.LAUNCH_SERVER) for p in servers.programs) and pinned_to == [[8, 9]]
