@@ -555,7 +555,6 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if mode == "off" or (state is None and mode == "auto"):  # "auto" without steps 0: nothing to decline
             return
         backend = getattr(state, "target_attn_backend", None)
-        problems = glue.glue_problems(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2), plain_off=True)
         why = None
         if state is None:
             why = "steps 0 is not an adaptive candidate"
@@ -564,7 +563,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                    "a 16-bit KV cache of page size 1)")
         elif self.draft_worker._tensor_parallel is not None:
             why = "the draft runs under tensor parallelism"
-        elif problems:
+        elif problems := glue.glue_problems(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2),
+                                            plain_off=True):  # checked last: the only reason that reads SGLang
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
         if why is not None and mode == "on":
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "
