@@ -276,10 +276,18 @@ def card(r: dict) -> str:
     return str(r.get("card", "0"))
 
 
+# --interleave's run modes: the row key a mode sets (True) and its label. Rows of other modes never replace one
+# another nor pair in a ratio.
+RUN_MODES = {"round_robin": "round-robin", "freeze_gc": "freeze-gc", "pin_cores": "pinned"}
+
+
+def run_modes(r: dict) -> tuple:
+    return tuple(r.get(key, False) for key in RUN_MODES)
+
+
 def row_key(r: dict) -> tuple:
     return (r["system"], r["steps"], r["topk"], r["draft_tokens"], r["batch"], r["acceptance"], card(r),
-            r.get("env", ""), r.get("flags", ""), r.get("round_robin", False), r.get("freeze_gc", False),
-            r.get("pin_cores", False))
+            r.get("env", ""), r.get("flags", ""), *run_modes(r))
 
 
 def merge_rows(path: Path, new_rows: list[dict]) -> list[dict]:
@@ -292,9 +300,9 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    extra = " ".join(x for x in (r.get("env"), r.get("flags"), "round-robin" if r.get("round_robin") else "",
-                                 "freeze-gc" if r.get("freeze_gc") else "", "pinned" if r.get("pin_cores") else "")
-                     if x)  # --server-env, --server-flags, --round-robin, --freeze-gc, --pin-cores
+    extra = " ".join(x for x in (r.get("env"), r.get("flags"), *(name for key, name in RUN_MODES.items()
+                                                                 if r.get(key)))
+                     if x)  # --server-env, --server-flags, the run modes
     if extra:
         name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name
@@ -350,9 +358,7 @@ def paired_table(by_batch: dict) -> str:
             for other in sorted(group, key=lambda o: -o["tok_per_s"]):
                 p = (paired_ratio(r.get("runs", []), other.get("runs", []))
                      if other is not r and card(other) == card(r) and other.get("session") == r.get("session")
-                     and other.get("round_robin") == r.get("round_robin")
-                     and other.get("freeze_gc") == r.get("freeze_gc")
-                     and other.get("pin_cores") == r.get("pin_cores") else None)
+                     and run_modes(other) == run_modes(r) else None)
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
     return paired_section("tok/s ratios", "systems", lines)
