@@ -47,9 +47,7 @@ def simulate(rates: list[float], fade: float | None, tokens_per_request: int = 2
             left -= accepted + 1
             tokens += accepted + 1
             if fade is not None and policy.current == 0:
-                factor = policy.acceptance.decay ** fade
-                policy.acceptance.passed = [p * factor for p in policy.acceptance.passed]
-                policy.acceptance.tried = [t * factor for t in policy.acceptance.tried]
+                policy.acceptance.fade(policy.acceptance.decay ** fade)
             policy.on_verify_complete([accepted], 1)
     return {"tok_per_ms": tokens / (now[0] * 1e3), "steps_in_force": dict(sorted(in_force.items()))}
 

@@ -79,13 +79,17 @@ class DepthAcceptance:
         """One verify at ``steps`` drafted tokens per request; ``correct_per_req``: accepted drafts per request."""
         if steps <= 0 or not correct_per_req:
             return
-        self.passed = [p * self.decay for p in self.passed]
-        self.tried = [t * self.decay for t in self.tried]
+        self.fade(self.decay)
         for k in correct_per_req:
             k = min(max(int(k), 0), steps)
             for d in range(1, min(k + 1, steps) + 1):
                 self.tried[d] += 1
                 self.passed[d] += d <= k
+
+    def fade(self, factor: float) -> None:
+        """Multiplies the counts so far by ``factor``: older evidence weighs less against the prior."""
+        self.passed = [p * factor for p in self.passed]
+        self.tried = [t * factor for t in self.tried]
 
     def rate(self, depth: int) -> float:
         """Estimated chance the draft at ``depth`` is accepted given depth - 1 was; unobserved depths take the
