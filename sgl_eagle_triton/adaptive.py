@@ -51,6 +51,10 @@ from collections import deque
 
 logger = logging.getLogger(__name__)
 
+# Steps 0's probe: (verifies at steps 0 before the first probe, the longest wait between probes, a probe's counted
+# verifies before it decides); bench.policy_sim weighs it against no probe
+PROBE = (64, 1024, 4)
+
 
 def chain_tokens(rates) -> float:
     """Expected tokens a verify commits per request for a chain whose depth ``d`` draft is accepted with chance
@@ -361,8 +365,14 @@ class CostAwarePolicy:
 
     def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
                  margin: float = 0.05, clock=time.perf_counter, trees: dict[int, tuple[int, int]] | None = None,
-                 evidence: TreeEvidence | None = None, agree=None):
+                 evidence: TreeEvidence | None = None, agree=None, probe: tuple[int, int] | None = PROBE):
         self.candidate_steps = sorted(set(candidate_steps))
+        # steps 0's probe (module docstring): (first, longest) verifies at steps 0 between probes; None: no probe
+        self.probe = probe
+        self._probe_every = probe[0] if probe else 0
+        self._off_verifies = 0  # verifies at steps 0 since steps 0 was put in force or last probed
+        self._probing = False  # the state in force was put in force by a probe, not decided yet
+        self.probes = 0
         # agree(steps) -> the step count every rank adopts (rank 0's), called at every decision on every rank
         self.agree = agree
         self.current = initial_steps
@@ -435,6 +445,8 @@ class CostAwarePolicy:
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
         """Feed one verify; returns the new step count when the policy switches, else None."""
         self._since_switch += 1
+        if self.current == 0:
+            self._off_verifies += 1
         if self._since_switch <= self.settle:
             return None
         if self.trees:
@@ -444,11 +456,47 @@ class CostAwarePolicy:
         else:
             self.acceptance.observe(self.current, num_correct_drafts_per_req)
         self._verifies += 1
-        if self.costs is None or self._verifies % self.update_interval:
+        if self.costs is None:
+            return None
+        if self._probing:  # a probe's state decides after its first counted verifies
+            if self._since_switch - self.settle < self.probe[2]:
+                return None
+        elif self._verifies % self.update_interval:
             return None
         if self.trees:
             self._refresh_trees()
-        return self._decide(batch_size)
+        probing, self._probing = self._probing, False
+        switched = self._decide(batch_size)
+        if probing:  # a probe that went back to steps 0 waits twice as long before the next, one that kept drafting
+            failed = self.current == 0  # resets the wait
+            self._probe_every = min(2 * self._probe_every, self.probe[1]) if failed else self.probe[0]
+        elif switched is not None and self.probe:
+            self._probe_every = self.probe[0]
+        if self.current == 0 and switched is None and self.probe and self._off_verifies >= self._probe_every:
+            return self._start_probe(batch_size)
+        return switched
+
+    def _start_probe(self, batch_size: int) -> int | None:
+        """Steps 0 learns nothing of acceptance: after ``_probe_every`` verifies there, put the drafting state of best
+        value in force for a few verifies, the acceptance evidence first aged by the verifies spent at steps 0 (as
+        if they had been drafted: the estimate moves back toward the prior by what the traffic may have changed)."""
+        if not self.trees:
+            self.acceptance.fade(self.acceptance.decay ** self._off_verifies)
+        self._off_verifies = 0
+        drafting = [s for s in self.candidate_steps if s > 0]
+        if not drafting:
+            return None
+        choice = max(drafting, key=lambda s: self.value(s, batch_size))
+        if self.agree is not None:
+            choice = self.agree(choice)
+        if choice == self.current:
+            return None
+        self.probes += 1
+        logger.info("EAGLE_TRITON adaptive: probing steps %d at batch %d after %d verifies at steps 0",
+                    choice, batch_size, self._probe_every)
+        self._switch(choice, self.costs.bucket(batch_size))
+        self._probing = True
+        return choice
 
     # -- the decision --------------------------------------------------------------------------------------------
 
@@ -469,9 +517,14 @@ class CostAwarePolicy:
                     "%.2f -> %.2f ms)", self.current, best, batch_size, self.expected_tokens(self.current),
                     self.expected_tokens(best), self.costs.cost(self.current, batch_size),
                     self.costs.cost(best, batch_size))
-        self.current, self._since_switch, self._last_step, self._affirmed = best, 0, None, {bucket}
-        self.switches += 1
+        self._switch(best, bucket)
         return best
+
+    def _switch(self, steps: int, bucket: int) -> None:
+        if steps == 0:
+            self._off_verifies = 0
+        self.current, self._since_switch, self._last_step, self._affirmed = steps, 0, None, {bucket}
+        self.switches += 1
 
     def set_costs(self, costs: CycleCost) -> None:
         self.costs = costs
@@ -523,7 +576,7 @@ class CostAwarePolicy:
     def report(self) -> dict:
         """For ``/server_info``: the estimates the decisions rest on."""
         depths = range(1, max(self.candidate_steps) + 1)
-        out = {"policy": "cost", "steps": self.current, "switches": self.switches}
+        out = {"policy": "cost", "steps": self.current, "switches": self.switches, "probes": self.probes}
         if self.trees:
             out["rank_rates"] = [[round(self.acceptance.rate(d, r), 3) for r in range(self.acceptance.max_rank)]
                                  for d in depths]

@@ -9,7 +9,7 @@ import pytest
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
 from sgl_eagle_triton import worker
-from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, DepthAcceptance, replay_ms
+from sgl_eagle_triton.adaptive import PROBE, CostAwarePolicy, CycleCost, DepthAcceptance, replay_ms
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -521,3 +521,69 @@ def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device, mo
     w.topk, w._eagle_sample = 1, verify.eagle_sample
     chains = w._make_cost_policy()
     assert chains.trees is None and w._eagle_sample is verify.eagle_sample
+
+
+HOST_BOUND = {(0, 1): 2.0, (1, 1): 3.0, (3, 1): 3.2, (7, 1): 3.6}  # graph ms shaped like the tiny pair's cycles
+
+
+def off_policy(probe, rates):
+    """A policy put at steps 0 by useless drafts at batch 1 (host-bound costs), then fed ``rates`` (its ``verify()``:
+    one verify of the state in force)."""
+    policy, verify = make_policy([0.02] * 7, probe=probe)
+    policy.set_costs(CycleCost(HOST_BOUND))
+    for _ in range(100):
+        verify(1)
+        if policy.current == 0:
+            break
+    assert policy.current == 0 and policy.probes == 0
+    rng = random.Random(3)
+    return policy, lambda: policy.on_verify_complete(chain_verifies(rates, policy.current, 1, rng), 1)
+
+
+def test_steps_0_probes_drafting_again_when_the_traffic_turns_easy():
+    """At steps 0 no draft is verified, so without a probe an estimate learnt on hard requests holds for the easy ones
+    that follow (bench.policy_sim: 3990 of 4000 steps at 0); with it the policy drafts again within the first wait."""
+    easy = [0.9] * 7
+    held, verify = off_policy(None, easy)
+    for _ in range(2000):
+        verify()
+    assert held.current == 0 and held.probes == 0
+    policy, verify = off_policy(PROBE, easy)
+    for _ in range(PROBE[0] + PROBE[1]):
+        verify()
+    assert policy.probes == 1 and policy.current == 7  # the probe kept drafting; its wait starts over
+    assert policy._probe_every == PROBE[0]
+
+
+def test_steps_0_probes_back_off_while_drafting_does_not_pay():
+    """On useless drafts every probe returns to steps 0 and the wait before the next doubles up to its longest: a
+    probe costs a resume step and ``settle + PROBE[2]`` drafting verifies, so the share of steps spent probing stays
+    small (36 of 4000 verifies here)."""
+    policy, verify = off_policy(PROBE, [0.02] * 7)
+    probes_at, drafting = [], 0
+    for i in range(4000):
+        before = policy.probes
+        verify()
+        drafting += policy.current != 0
+        if policy.probes != before:
+            probes_at.append(i)
+    waits = [b - a for a, b in zip(probes_at, probes_at[1:], strict=False)]
+    assert len(probes_at) == 6 and policy.current == 0, probes_at
+    assert PROBE[0] <= probes_at[0] < PROBE[0] + policy.update_interval, probes_at
+    # each wait: the doubled one (up to the longest), plus the probe's own verifies, plus up to one decision interval
+    own = policy.settle + PROBE[2]
+    expected = [min(2 ** (i + 1) * PROBE[0], PROBE[1]) + own for i in range(len(waits))]
+    assert all(0 <= w - e < policy.update_interval for w, e in zip(waits, expected, strict=True)), (waits, expected)
+    assert drafting <= len(probes_at) * own, drafting
+
+
+def test_a_probe_goes_through_the_ranks_agreement():
+    """Under tensor parallelism the probe's state is rank 0's choice too (every rank counts the same verifies, so
+    every rank probes at the same one)."""
+    calls = []
+    policy, verify = make_policy([0.02] * 7, probe=PROBE, agree=lambda steps: calls.append(steps) or steps)
+    policy.set_costs(CycleCost(HOST_BOUND))
+    for _ in range(PROBE[0] + 100):
+        verify(1)
+    assert policy.probes == 1 and calls.count(0) >= PROBE[0] // policy.update_interval
+    assert any(steps > 0 for steps in calls[-20:])
