@@ -519,7 +519,8 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
     return out
 
 
-POLICY_KEYS = ("switches", "depth_rates", "rest_ms", "rest_spread_ms")  # of the cost policy's report, kept in rows
+# of the cost policy's report, kept in rows
+POLICY_KEYS = ("switches", "probes", "depth_rates", "rest_ms", "rest_spread_ms")
 
 
 def policy_state(server) -> dict | None:

@@ -372,6 +372,7 @@ class CostAwarePolicy:
         self._probe_every = probe[0] if probe else 0
         self._off_verifies = 0  # verifies at steps 0 since steps 0 was put in force or last probed
         self._probing = False  # the state in force was put in force by a probe, not decided yet
+        self._probe_at: int | None = None  # the counted verifies at the last probe's start
         self.probes = 0
         # agree(steps) -> the step count every rank adopts (rank 0's), called at every decision on every rank
         self.agree = agree
@@ -465,13 +466,8 @@ class CostAwarePolicy:
             return None
         if self.trees:
             self._refresh_trees()
-        probing, self._probing = self._probing, False
+        self._probing = False
         switched = self._decide(batch_size)
-        if probing:  # a probe that went back to steps 0 waits twice as long before the next, one that kept drafting
-            failed = self.current == 0  # resets the wait
-            self._probe_every = min(2 * self._probe_every, self.probe[1]) if failed else self.probe[0]
-        elif switched is not None and self.probe:
-            self._probe_every = self.probe[0]
         if self.current == 0 and switched is None and self.probe and self._off_verifies >= self._probe_every:
             return self._start_probe(batch_size)
         return switched
@@ -482,7 +478,7 @@ class CostAwarePolicy:
         if they had been drafted: the estimate moves back toward the prior by what the traffic may have changed)."""
         if not self.trees:
             self.acceptance.fade(self.acceptance.decay ** self._off_verifies)
-        self._off_verifies = 0
+        self._off_verifies, self._probe_at = 0, self._verifies
         drafting = [s for s in self.candidate_steps if s > 0]
         if not drafting:
             return None
@@ -521,8 +517,13 @@ class CostAwarePolicy:
         return best
 
     def _switch(self, steps: int, bucket: int) -> None:
-        if steps == 0:
-            self._off_verifies = 0
+        if steps == 0 and self.probe:
+            # back at steps 0 within a probe's first decisions: the probe did not pay, the next one waits twice as
+            # long; back later (drafting held, or the policy had left steps 0 by itself): the first wait again
+            window = self.probe[2] + 2 * self.update_interval
+            recent = self._probe_at is not None and self._verifies - self._probe_at <= window
+            self._probe_every = min(2 * self._probe_every, self.probe[1]) if recent else self.probe[0]
+            self._off_verifies, self._probe_at = 0, None
         self.current, self._since_switch, self._last_step, self._affirmed = steps, 0, None, {bucket}
         self.switches += 1
 

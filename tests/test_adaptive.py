@@ -587,3 +587,34 @@ def test_a_probe_goes_through_the_ranks_agreement():
         verify(1)
     assert policy.probes == 1 and calls.count(0) >= PROBE[0] // policy.update_interval
     assert any(steps > 0 for steps in calls[-20:])
+
+
+def test_a_probe_that_drafts_a_little_longer_then_returns_still_doubles_the_wait():
+    """On a server (one H200, the tiny pair) probes kept drafting at their first decision, the prior pulling the aged
+    estimate up, and went back to steps 0 at the next regular one: a return to steps 0 within a probe's first
+    decisions doubles the wait (it was reset, and the server probed every 64 verifies); a return after drafting held
+    longer starts the first wait again."""
+    worth = {0: 1.0, 7: 1.0}
+    policy = CostAwarePolicy([0, 7], 0, update_interval=8, settle=2, probe=PROBE)
+    policy.set_costs(CycleCost({(0, 1): 1.0, (7, 1): 1.0}))
+    policy.expected_tokens = worth.get
+    worth[7] = 0.5
+    while policy.probes == 0:
+        policy.on_verify_complete([0], 1)
+    worth[7] = 2.0  # the probe's first decision keeps drafting
+    for _ in range(policy.settle + PROBE[2]):
+        policy.on_verify_complete([0], 1)
+    assert policy.current == 7 and policy._probe_every == PROBE[0]
+    worth[7] = 0.5  # the next regular decision goes back
+    while policy.current == 7:
+        policy.on_verify_complete([0], 1)
+    assert policy._probe_every == 2 * PROBE[0]
+    while policy.probes == 1:
+        policy.on_verify_complete([0], 1)
+    worth[7] = 2.0  # this time drafting holds for a while
+    for _ in range(policy.settle + PROBE[2] + 4 * policy.update_interval):
+        policy.on_verify_complete([0], 1)
+    worth[7] = 0.5
+    while policy.current == 7:
+        policy.on_verify_complete([0], 1)
+    assert policy._probe_every == PROBE[0]
