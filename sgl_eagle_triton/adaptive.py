@@ -33,6 +33,11 @@ verifies: a batch hovering at a size boundary switches at most that often, and e
 model at least one verify). A batch-size decision takes no hysteresis margin unless the state in force was chosen
 or kept at that size since it was put in force: a state chosen for another size has no claim there.
 
+Steps 0 learns nothing of acceptance (no draft is verified there), so an estimate learnt on hard requests would hold
+steps 0 through easy ones: after ``PROBE[0]`` verifies at steps 0 the policy ages its evidence by them and puts the
+drafting state of best value in force, deciding after ``PROBE[2]`` counted verifies; a return to steps 0 within the
+probe's first decisions doubles the wait (up to ``PROBE[1]``), a later one or leaving steps 0 by itself resets it.
+
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
 
