@@ -370,9 +370,9 @@ class CostAwarePolicy:
 
     def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
                  margin: float = 0.05, clock=time.perf_counter, trees: dict[int, tuple[int, int]] | None = None,
-                 evidence: TreeEvidence | None = None, agree=None, probe: tuple[int, int] | None = PROBE):
+                 evidence: TreeEvidence | None = None, agree=None, probe: tuple[int, int, int] | None = PROBE):
         self.candidate_steps = sorted(set(candidate_steps))
-        # steps 0's probe (module docstring): (first, longest) verifies at steps 0 between probes; None: no probe
+        # steps 0's probe (module docstring, PROBE: first wait, longest wait, verifies before it decides); None: none
         self.probe = probe
         self._probe_every = probe[0] if probe else 0
         self._off_verifies = 0  # verifies at steps 0 since steps 0 was put in force or last probed
