@@ -563,8 +563,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                    "a 16-bit KV cache of page size 1)")
         elif self.draft_worker._tensor_parallel is not None:
             why = "the draft runs under tensor parallelism"
-        elif problems := glue.glue_problems(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2),
-                                            plain_off=True):  # checked last: the only reason that reads SGLang
+        elif problems := glue.plain_off_problems():  # checked last: the only reason that reads SGLang (the rest
+            # of the glue held at __init__)
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
         if why is not None and mode == "on":
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "

@@ -249,7 +249,7 @@ def test_the_plain_step_is_declined_by_default_where_it_cannot_run(monkeypatch, 
 
 def test_the_plain_step_is_declined_by_default_where_its_touchpoints_moved(monkeypatch):
     monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
-    monkeypatch.setattr(call_sites, "glue_problems", lambda *args, plain_off=False: ["X.y (missing)"] * plain_off)
+    monkeypatch.setattr(call_sites, "plain_off_problems", lambda: ["X.y (missing)"])
     w = _starting_worker()
     w.start_plain_off()
     assert w.plain_off is None and "touchpoints moved: X.y (missing)" in w.plain_off_declined
@@ -282,6 +282,7 @@ def test_the_plain_steps_touchpoints_hold_on_this_sglang():
     override, and the calls, constructors and fields the plain step uses are where it expects them."""
     classes = (TritonEagleDraftWorker, EagleTritonWorkerV2)
     assert call_sites.glue_problems(worker.REPLACEMENTS, classes, plain_off=True) == []
+    assert call_sites.plain_off_problems() == []
     assert all(call_sites.reaches(getattr(owner, attr), module, name)
                for owner, attr, module, name in call_sites.PLAIN_OFF_CALL_SITES)
 

@@ -192,19 +192,9 @@ def overridden_methods(cls) -> list[str]:
             and getattr(super(cls, cls), name, None) is not None]
 
 
-def glue_problems(replacements: dict | None = None, classes=(), plain_off: bool = False) -> list[str]:
-    """Everything that no longer holds (empty when all does): names, call sites, signatures, hook targets
-    (:func:`~sgl_eagle_triton.glue.hooks.hook_problems`), ``replacements`` (keys of :data:`REBOUND` -> our function
-    put in its place) and the overridden methods of ``classes`` (ours, subclassing SGLang's) that could not take
-    every parameter SGLang's original takes; with ``plain_off`` the plain steps-0 path's as well."""
-    problems = [f"{_where(owner)}.{name} (missing)" for owner, name in SGLANG_NAMES if not hasattr(owner, name)]
-    call_sites, signatures = CALL_SITES, SIGNATURES
-    if plain_off:
-        call_sites, signatures = call_sites + PLAIN_OFF_CALL_SITES, signatures + PLAIN_OFF_SIGNATURES
-        for cls, fields in PLAIN_OFF_FIELDS:
-            missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
-            if missing:
-                problems.append(f"{_where(cls)} has no field {', '.join(missing)}")
+def _reach_and_signature_problems(call_sites, signatures) -> list[str]:
+    """What no longer holds of ``call_sites`` (:data:`CALL_SITES`' form) and ``signatures`` (:data:`SIGNATURES`')."""
+    problems = []
     for owner, attr, module, name in call_sites:
         if module is not None and not hasattr(module, name):
             problems.append(f"{module.__name__}.{name} (missing)")
@@ -216,6 +206,31 @@ def glue_problems(replacements: dict | None = None, classes=(), plain_off: bool 
         problem = "missing" if fn is None else signature_problem(fn, variants)
         if problem:
             problems.append(f"{_where(owner)}.{name} {problem}")
+    return problems
+
+
+def plain_off_problems() -> list[str]:
+    """What no longer holds of the plain steps-0 path's touchpoints alone (empty when all does): its call site,
+    signatures and result fields (:data:`PLAIN_OFF_CALL_SITES`, :data:`PLAIN_OFF_SIGNATURES`,
+    :data:`PLAIN_OFF_FIELDS`)."""
+    problems = []
+    for cls, fields in PLAIN_OFF_FIELDS:
+        missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if missing:
+            problems.append(f"{_where(cls)} has no field {', '.join(missing)}")
+    return problems + _reach_and_signature_problems(PLAIN_OFF_CALL_SITES, PLAIN_OFF_SIGNATURES)
+
+
+def glue_problems(replacements: dict | None = None, classes=(), plain_off: bool = False) -> list[str]:
+    """Everything that no longer holds (empty when all does): names, call sites, signatures, hook targets
+    (:func:`~sgl_eagle_triton.glue.hooks.hook_problems`), ``replacements`` (keys of :data:`REBOUND` -> our function
+    put in its place) and the overridden methods of ``classes`` (ours, subclassing SGLang's) that could not take
+    every parameter SGLang's original takes; with ``plain_off`` the plain steps-0 path's as well
+    (:func:`plain_off_problems`)."""
+    problems = [f"{_where(owner)}.{name} (missing)" for owner, name in SGLANG_NAMES if not hasattr(owner, name)]
+    if plain_off:
+        problems += plain_off_problems()
+    problems += _reach_and_signature_problems(CALL_SITES, SIGNATURES)
     problems += hook_problems()
     for key, ours in (replacements or {}).items():
         module, name = REBOUND[key]
