@@ -481,17 +481,15 @@ class CostAwarePolicy:
         """Steps 0 learns nothing of acceptance: after ``_probe_every`` verifies there, put the drafting state of best
         value in force for a few verifies, the acceptance evidence first aged by the verifies spent at steps 0 (as
         if they had been drafted: the estimate moves back toward the prior by what the traffic may have changed)."""
-        if not self.trees:
-            self.acceptance.fade(self.acceptance.decay ** self._off_verifies)
-        self._off_verifies, self._probe_at = 0, self._verifies
         drafting = [s for s in self.candidate_steps if s > 0]
         if not drafting:
             return None
+        if not self.trees:
+            self.acceptance.fade(self.acceptance.decay ** self._off_verifies)
+        self._off_verifies, self._probe_at = 0, self._verifies
         choice = max(drafting, key=lambda s: self.value(s, batch_size))
-        if self.agree is not None:
+        if self.agree is not None:  # rank 0 probes at this verify too: its choice is a drafting state as well
             choice = self.agree(choice)
-        if choice == self.current:
-            return None
         self.probes += 1
         logger.info("EAGLE_TRITON adaptive: probing steps %d at batch %d after %d verifies at steps 0",
                     choice, batch_size, self._probe_every)
