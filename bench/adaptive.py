@@ -300,9 +300,8 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    extra = " ".join(x for x in (r.get("env"), r.get("flags"), *(name for key, name in RUN_MODES.items()
-                                                                 if r.get(key)))
-                     if x)  # --server-env, --server-flags, the run modes
+    modes = (mode for key, mode in RUN_MODES.items() if r.get(key))
+    extra = " ".join(x for x in (r.get("env"), r.get("flags"), *modes) if x)  # --server-env, --server-flags, run modes
     if extra:
         name = f"{name} {{{extra}}}"
     return f"{name} [card {card(r)}]" if cards else name

@@ -27,8 +27,9 @@ def core_shares(cores: list[int], servers: int, client: int = 2) -> tuple[list[l
     least two each, and the ``client`` cores (at least) left to this process, which streams every request. Where a
     host-bound server's processes land moves its speed: on one H200 host (16 cores) the same cost-policy code served
     6300-10800 tok/s at batch 16 across four servers up at once, and a state's measured cycle differed by 30-40 %
-    between servers (bench/results/2026-11-28-NVIDIA_H200-plain-default.md). Returns ``(shares, client cores)``;
-    ValueError when the cores do not go round."""
+    between servers (bench/results/2026-11-28-NVIDIA_H200-plain-default.md); pinned, two servers of one source still
+    differed by 18 % (bench/results/2026-11-28-NVIDIA_H200-probe.md). Returns ``(shares, client cores)``; ValueError
+    when the cores do not go round."""
     cores = sorted(cores)
     each = (len(cores) - client) // servers if servers else 0
     if servers < 1 or each < 2:
