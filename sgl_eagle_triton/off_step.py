@@ -16,6 +16,11 @@ whose steps-0 draft KV fill is unchanged):
   SGLang's decode: ``verify.OneNodeVerifyAttention``), SGLang's no-spec sampler, and the result SGLang's spec-v2
   processing reads: accept length 1 (the sampled token is the bonus token), ``new_seq_lens = seq_lens + 1``.
 
+Where the steps-0 state's target CUDA graphs were captured with :class:`GraphEpilogue` (one GPU, the draft not
+tensor-parallel), each of them ends with the greedy token and the draft KV fill of that token: a batch whose sampler
+would pick the argmax (``glue.argmax_is_sample``) takes its token from the graph and skips both the sampler and the
+fill's own graph; any other batch samples and fills as above (the fill then writes over the graph's).
+
 A batch that asks for logprobs, hidden states or a grammar takes SGLang's steps 0 (:func:`serves`): its result
 processing expects the speculative verify's shapes there. Every SGLang call goes through :mod:`sgl_eagle_triton.glue`.
 """
@@ -37,13 +42,60 @@ def serves(batch) -> bool:
                 or batch.has_grammar)
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class GraphEpilogue:
+    """The greedy token and its draft KV fill, captured at the end of every CUDA graph of the steps-0 state's target
+    forward (TARGET_VERIFY, one token per request) through SGLang's capture tail hook (:meth:`hook`;
+    ``glue.capture_tail_hook``): each graph then writes, at every replay, ``argmax`` of its logits [graph bs] int64
+    into a static buffer (:attr:`tokens`, by captured batch size) and the draft KV of that token at its slot
+    (``fill_rows(tokens [n] int64, target features [n, F], positions [n] int64, slots [n] int64)``: the draft worker's
+    ``_fill_rows``). A padded row writes SGLang's padding slot 0, as the target's own KV write there does.
+    ``sanitize_nan``: the argmax is over the logits with NaN / inf replaced as SGLang's sampler does when told to."""
+
+    def __init__(self, fill_rows, sanitize_nan: bool = False, capturing=None):
+        self.fill_rows = fill_rows
+        self.sanitize_nan = sanitize_nan
+        self.capturing = capturing or _capturing  # whether this call is the capture (not a warm-up run)
+        self.tokens: dict[int, torch.Tensor] = {}
+        self.ambiguous: set[int] = set()  # sizes captured more than once (several graphs of one size): not used
+
+    def hook(self, graph_runner, logits_output, forward_batch, num_tokens: int) -> None:
+        """SGLang's ``capture_tail_hooks`` entry, called after the target's forward in the capture's warm-up runs and
+        in the capture itself; a graph of more than one token per request (a drafting state's) is left as it is."""
+        if (not forward_batch.forward_mode.is_target_verify() or forward_batch.batch_size != num_tokens
+                or logits_output.next_token_logits is None or logits_output.hidden_states is None):
+            return
+        logits = logits_output.next_token_logits
+        if self.sanitize_nan:
+            logits = torch.nan_to_num(logits, nan=-1e30, posinf=1e30, neginf=-1e30)
+        tokens = torch.argmax(logits, dim=-1)
+        self.fill_rows(tokens, logits_output.hidden_states, forward_batch.positions, forward_batch.out_cache_loc)
+        if self.capturing():
+            if num_tokens in self.tokens:
+                self.ambiguous.add(num_tokens)
+            self.tokens[num_tokens] = tokens
+
+    def tokens_of(self, bs: int) -> torch.Tensor | None:
+        """The greedy tokens [bs] int64 written by the last replay of a ``bs``-request batch (SGLang pads it to the
+        smallest captured size that holds it); None where no graph of such a size was captured once."""
+        size = min((s for s in self.tokens if s >= bs), default=None)
+        if size is None or size in self.ambiguous:
+            return None
+        return self.tokens[size][:bs]
+
+
 class PlainOff:
     """The plain steps-0 step of one worker on ``device``; keeps constant per-batch-size tensors (the verify input's
     retrieve arrays [bs, 1] int64, the accept lengths [bs] int32 ones), made at a size's first step and never
     written."""
 
-    def __init__(self, device):
+    def __init__(self, device, epilogue: GraphEpilogue | None = None):
         self.device = device
+        self.epilogue = epilogue if epilogue is not None and epilogue.tokens else None
+        self.filled = False  # the last step's token and draft KV fill came from the graph epilogue
         self._constants: dict[int, tuple] = {}
 
     def _for(self, bs: int) -> tuple:
@@ -68,11 +120,20 @@ class PlainOff:
         ``input_ids``, ``out_cache_loc`` [bs] int64 and ``forward_mode`` (as SGLang's verify does; the scheduler
         restores them). Returns SGLang's ``GenerationBatchResult``: ``next_token_ids`` [bs] (the sampler's dtype),
         ``accept_lens`` [bs] int32 ones, ``new_seq_lens`` [bs], ``next_draft_input.bonus_tokens`` [bs] int32, the
-        target's ``logits_output`` (its ``hidden_states`` [bs, features] feed the draft KV fill)."""
+        target's ``logits_output`` (its ``hidden_states`` [bs, features] feed the draft KV fill). :attr:`filled` says
+        whether the token and the fill came from the graph epilogue (the draft worker then skips its fill)."""
         verify_input = batch.spec_info
         batch.input_ids = verify_input.draft_token
         batch.out_cache_loc = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         forward_batch, output = glue.one_token_forward(target_worker, batch)
-        tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
-        accept_lens = self._for(batch.seq_lens.shape[0])[2]
+        bs = batch.seq_lens.shape[0]
+        tokens = None
+        if self.epilogue is not None and output.can_run_cuda_graph and glue.argmax_is_sample(batch.sampling_info):
+            tokens = self.epilogue.tokens_of(bs)
+        self.filled = tokens is not None
+        if self.filled:  # the graph's buffer is written again at the next replay
+            tokens = tokens.clone()
+        else:
+            tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
+        accept_lens = self._for(bs)[2]
         return glue.plain_step_result(output, tokens, accept_lens, batch.seq_lens + 1, keep_alive=(forward_batch,))

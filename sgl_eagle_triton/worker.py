@@ -65,7 +65,7 @@ from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
 from sgl_eagle_triton.glue.relay import mark_stub
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.off_step import PLAIN_OFF_STEP, PlainOff
+from sgl_eagle_triton.off_step import PLAIN_OFF_STEP, GraphEpilogue, PlainOff
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
     RAN,
@@ -93,6 +93,7 @@ KERNELS_IN_USE = {
 }
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
+GRAPH_EPILOGUE = "steps 0 token and draft kv fill in the target graph"
 
 _errors: list[str] = []
 
@@ -185,6 +186,8 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
+# a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
+_filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
 
 
 def verify_graph_sizes(state) -> list[int]:
@@ -259,6 +262,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     # set by the plain steps 0 (EagleTritonWorkerV2.verify): called once this step's fill has been launched, so the
     # scheduler's WAR barrier waits for the fill's reads too (the step's last phase that reads shared buffers)
     read_done_after_fill = None
+    # set by the plain steps 0 when its target graph's epilogue wrote this step's draft KV (off_step.GraphEpilogue)
+    kv_filled_in_graph = False
     _fill_graphs: RowGraphs | None = None  # steps 0's KV fill, one CUDA graph per batch size (capture_draft_kv)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
@@ -280,8 +285,12 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         (:meth:`capture_draft_kv`), and stub top-k / hidden states of the right shapes for SGLang's overlap
         bookkeeping (as its ``_stub_skipped_draft_extend``)."""
         bs = batch.seq_lens.shape[0]
-        _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
-              batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
+        if self.kv_filled_in_graph:
+            self.kv_filled_in_graph = False
+            _filled_in_graph()
+        else:
+            _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
+                  batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
         draft_input = batch_result.next_draft_input
         # zeros nobody writes to (SGLang indexes, concatenates or copies them into its future map): one set, as many
         # rows as the largest batch so far, viewed per batch
@@ -493,15 +502,51 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             if speculative_num_steps != 0:
                 state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
             else:
+                epilogue = self._steps_0_graph_epilogue(runner)
                 with glue.swapped(runner, "_get_attention_backend",
-                                  lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))):
+                                  lambda *args, **kwargs: one_node_verify_attention(make_backend(*args, **kwargs))), \
+                        glue.capture_tail_hook(runner, None if epilogue is None else epilogue.hook):
                     state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
+                self._graph_epilogue = epilogue
         width = getattr(getattr(state, "cuda_graph_runner_for_draft_extend", None), "captured_req_width", n)
         if width != n:
             raise RuntimeError(f"{ALGORITHM_NAME}: the adaptive state of {speculative_num_steps} steps captured its "
                                f"draft-extend graph {width} tokens wide, not its {n} draft tokens (SGLang "
                                f"{sglang.__version__} no longer reads the width through resolve_num_tokens_per_req)")
         return state
+
+    _graph_epilogue: GraphEpilogue | None = None  # captured in steps 0's target graphs (start_plain_off uses it)
+
+    def _steps_0_graph_epilogue(self, target_runner) -> GraphEpilogue | None:
+        """The epilogue that steps 0's target CUDA graphs are captured with (:class:`off_step.GraphEpilogue`: the
+        greedy token and its draft KV fill), where the plain step may run and those graphs are captured on one GPU;
+        else None (the reason logged)."""
+        why = None
+        if config.plain_off_mode() == "off" or settings(self.server_args).disable_cuda_graph:
+            return None
+        if self.draft_worker._tensor_parallel is not None:
+            why = "the draft runs under tensor parallelism"
+        elif problems := glue.graph_epilogue_problems(target_runner):
+            why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
+        if why is not None:
+            logger.info("%s: steps 0's target graphs are captured without the greedy token and draft KV fill: %s",
+                        ALGORITHM_NAME, why)
+            return None
+        return GraphEpilogue(self.draft_worker._fill_rows, sanitize_nan=glue.sanitizes_nan_logits())
+
+    def _usable_graph_epilogue(self, state) -> GraphEpilogue | None:
+        """The steps-0 state's graph epilogue, if it went into every one of the state's target graphs, once per
+        batch size (so that a batch padded to a captured size reads that graph's tokens); else None (logged)."""
+        epilogue = self._graph_epilogue
+        if epilogue is None:
+            return None
+        sizes = verify_graph_sizes(state)
+        if not sizes or sorted(epilogue.tokens) != sizes or epilogue.ambiguous:
+            logger.warning("%s: steps 0's graph epilogue went into graphs of sizes %s (ambiguous %s), not once into "
+                           "each of %s: the plain step samples and fills outside the graph", ALGORITHM_NAME,
+                           sorted(epilogue.tokens), sorted(epilogue.ambiguous), sizes)
+            return None
+        return epilogue
 
     def init_attention_backends(self):
         """SGLang's; then which attention the target's verify runs (SGLang builds the target's backends after every
@@ -526,8 +571,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         replay = {}
         for steps, state in sorted(states.items()):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
-            if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker)
-                runners = (state.target_graph_runner, self.draft_worker._fill_graphs)
+            if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker), in
+                # its target graphs where they end with the fill (off_step.GraphEpilogue)
+                in_graph = self.plain_off is not None and self.plain_off.epilogue is not None
+                runners = (state.target_graph_runner, *(() if in_graph else (self.draft_worker._fill_graphs,)))
             # SGLang hands the controller its decode batch sizes only when --cuda-graph-bs-decode is given; else the
             # sizes the state's verify graphs were captured at
             sizes = self.cost_policy.cuda_graph_bs or verify_graph_sizes(state)
@@ -574,9 +621,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             logger.warning("%s: adaptive steps 0 runs SGLang's one-node verify, not a plain decode step: %s",
                            ALGORITHM_NAME, why)
             return
-        self.plain_off = PlainOff(self.device)
-        logger.info("%s: adaptive steps 0 runs as a plain decode step (%s)", ALGORITHM_NAME,
-                    f"{config.PLAIN_OFF_ENV}=1" if mode == "on" else "the default")
+        self.plain_off = PlainOff(self.device, self._usable_graph_epilogue(state))
+        logger.info("%s: adaptive steps 0 runs as a plain decode step (%s)%s", ALGORITHM_NAME,
+                    f"{config.PLAIN_OFF_ENV}=1" if mode == "on" else "the default",
+                    "; greedy batches take the token and the draft KV fill from its target graph"
+                    if self.plain_off.epilogue is not None else "")
 
     def capture_draft_kv(self) -> None:
         """Steps 0's KV fill as CUDA graphs at the batch sizes of the steps-0 state's verify graphs
@@ -646,6 +695,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if self._plain_now:  # SGLang's steps-0 flow: the input just built was the plain step's
             self._plain_now = False
             result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+            self.draft_worker.kv_filled_in_graph = self.plain_off.filled
             # the scheduler's WAR barrier then takes its fast path, as after a decode step: the event is recorded
             # once the draft KV fill that follows (SGLang's steps-0 flow) has been launched
             self.draft_worker.read_done_after_fill = self._publish_read_done

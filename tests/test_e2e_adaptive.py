@@ -27,7 +27,7 @@ import pytest
 
 from sgl_eagle_triton import config
 from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
-from sgl_eagle_triton.worker import DRAFT_KV_FILL
+from sgl_eagle_triton.worker import DRAFT_KV_FILL, GRAPH_EPILOGUE
 from tests.e2e import (
     MIXED_DRAFT_TOKENS,
     PROMPTS,
@@ -101,6 +101,8 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
     assert reports["ours_cycle"]["adaptive_resumes"] >= 50, reports["ours_cycle"]
     # steps 0 as a plain decode step by default; SGLang's verify where the variable is 0
     assert reports["ours_cycle"]["ran"].get(PLAIN_OFF_STEP, 0) >= 50, reports["ours_cycle"]["ran"]
+    # greedy plain steps take the token and the fill from the steps-0 target graph (off_step.GraphEpilogue)
+    assert reports["ours_cycle"]["ran"].get(GRAPH_EPILOGUE, 0) >= 50, reports["ours_cycle"]["ran"]
     assert PLAIN_OFF_STEP not in reports["ours"]["ran"], reports["ours"]["ran"]
     assert reports["ours"]["adaptive_steps_in_force"], reports["ours"]
     share = accept_share(reports["ours"])
@@ -178,6 +180,8 @@ def test_plain_off_samples_as_no_spec(tmp_path):
     assert set(steps) <= {"0", "1"} and steps.get("1", 0) <= 1, steps
     assert ran.get(PLAIN_OFF_STEP, 0) >= SAMPLED_REQUESTS * (SAMPLED_TOKENS - 1), ran
     assert summary["ours_off"] == {"one_by_one": [], "concurrent": []}, summary["ours_off"]
+    # sampled batches sample with SGLang's sampler, not the graph's argmax (only the greedy warm-up may take it)
+    assert ran.get(GRAPH_EPILOGUE, 0) < 100, ran
     assert PLAIN_OFF_STEP not in reports["ours_off_sglang"]["ran"], reports["ours_off_sglang"]
     # the control parted on 48 of 48 requests, one by one and all at once (H200)
     assert len(summary["ours_off_sglang"]["one_by_one"]) > SAMPLED_REQUESTS // 2, summary["ours_off_sglang"]

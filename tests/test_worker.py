@@ -677,17 +677,38 @@ def test_steps_0_state_gets_the_one_node_verify_attention(monkeypatch):
     OneNodeVerifyAttention; other states' and later backends stay SGLang's."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
+    hooks_seen = []
+
     def stock_build(self, steps, n, cuda_graph_bs=None):  # SGLang builds the state's target backend this way
+        hooks_seen.append(list(self._target_worker.model_runner.capture_tail_hooks))  # as its graph capture reads them
         return self._target_worker.model_runner._get_attention_backend(init_new_workspace=True)
 
     monkeypatch.setattr(EAGLEWorkerV2, "build_adaptive_runtime_state", stock_build)
-    runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: TritonAttnBackend.__new__(TritonAttnBackend))
+    monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
+    runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: TritonAttnBackend.__new__(TritonAttnBackend),
+                             capture_tail_hooks=[])
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
-    w.server_args = SimpleNamespace(speculative_eagle_topk=1)
+    w._draft_worker = SimpleNamespace(_tensor_parallel=None, _fill_rows=lambda *rows: None)
+    w.server_args = SimpleNamespace(speculative_eagle_topk=1, disable_cuda_graph=False)
     assert type(w.build_adaptive_runtime_state(0, 1)) is verify.OneNodeVerifyAttention
     assert type(w.build_adaptive_runtime_state(3, 4)) is TritonAttnBackend
     assert type(runner._get_attention_backend()) is TritonAttnBackend  # SGLang's again after the build
+    # steps 0's target graphs are captured with the graph epilogue's hook (off_step.GraphEpilogue), no other state's
+    assert [len(h) for h in hooks_seen] == [1, 0] and hooks_seen[0][0] == w._graph_epilogue.hook
+    assert runner.capture_tail_hooks == []
+    # none where the plain step is off, without CUDA graphs, or with the draft under tensor parallelism
+    for plain_off, no_graphs, tensor_parallel in (("0", False, None), (None, True, None), (None, False, object())):
+        if plain_off is not None:
+            monkeypatch.setenv(config.PLAIN_OFF_ENV, plain_off)
+        else:
+            monkeypatch.delenv(config.PLAIN_OFF_ENV, raising=False)
+        w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+        w._target_worker = SimpleNamespace(model_runner=runner)
+        w._draft_worker = SimpleNamespace(_tensor_parallel=tensor_parallel)
+        w.server_args = SimpleNamespace(speculative_eagle_topk=1, disable_cuda_graph=no_graphs)
+        w.build_adaptive_runtime_state(0, 1)
+        assert hooks_seen[-1] == [] and w._graph_epilogue is None, (plain_off, no_graphs, tensor_parallel)
 
 
 def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch):
@@ -699,7 +720,8 @@ def test_adaptive_tree_candidates_are_built_with_their_draft_tokens(monkeypatch)
     runner = SimpleNamespace(_get_attention_backend=lambda **kwargs: None)
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._target_worker = SimpleNamespace(model_runner=runner)
-    w.server_args = SimpleNamespace(speculative_eagle_topk=4)  # the config file's draft tokens, as read at start
+    w.server_args = SimpleNamespace(speculative_eagle_topk=4, disable_cuda_graph=True)  # the config file's draft
+    # tokens, as read at start; no CUDA graphs: no graph epilogue for steps 0's
     adaptive_trees(monkeypatch, {0: (4, 1), 1: (4, 2), 3: (4, 12)})
     for steps in (0, 1, 3):
         w.build_adaptive_runtime_state(steps, steps + 1)

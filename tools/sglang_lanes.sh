@@ -12,6 +12,7 @@ cache=${SGL_LANES_CACHE:-$HOME/.cache/sgl-lanes}
 lanes=("${@:-0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 0.5.23}")
 read -r -a lanes <<<"${lanes[*]}"
 tests=(tests/test_glue.py tests/test_plugin.py tests/test_worker.py tests/test_verify_glue.py tests/test_relay.py tests/test_off_step.py
+       tests/test_graph_epilogue.py
        tests/test_demo.py)
 newest=0.5.23
 mkdir -p "$cache"

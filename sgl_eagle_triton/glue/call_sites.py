@@ -30,6 +30,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
 from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
@@ -91,6 +92,12 @@ PLAIN_OFF_FIELDS = (
     (GenerationBatchResult, ("logits_output", "next_token_ids", "can_run_cuda_graph", "speculative_num_draft_tokens",
                              "next_draft_input", "accept_lens", "new_seq_lens", "routed_experts_output",
                              "indexer_topk_output", "extra_keep_alive_refs")),
+)
+
+# ... and, for its graph epilogue (greedy token and draft KV fill at the end of steps 0's target graphs), SGLang's
+# capture must still run the model runner's tail hooks (``capture_tail_hooks``, as its DSpark verify epilogue)
+GRAPH_EPILOGUE_CALL_SITES = (
+    (DecodeCudaGraphRunner, "capture_one_shape", None, "capture_tail_hooks"),
 )
 
 # What we rebind, by the key the worker names it with: (SGLang module, global)
@@ -411,3 +418,48 @@ def publish_read_done(worker) -> None:
     event = torch.get_device_module(worker.device).Event()
     event.record()
     setattr(runner, name, event)
+
+
+def graph_epilogue_problems(model_runner) -> list[str]:
+    """What keeps steps 0's graph epilogue out of ``model_runner``'s (the target's) CUDA graphs (empty when nothing
+    does): SGLang's capture no longer runs ``capture_tail_hooks``, or the runner keeps no such list."""
+    problems = _reach_and_signature_problems(GRAPH_EPILOGUE_CALL_SITES, ())
+    if not isinstance(getattr(model_runner, "capture_tail_hooks", None), list):
+        problems.append(f"{_where(type(model_runner))} keeps no capture_tail_hooks list")
+    return problems
+
+
+@contextmanager
+def capture_tail_hook(model_runner, hook):
+    """While the block runs (an adaptive state's CUDA graphs being captured), SGLang's decode-graph capture calls
+    ``hook(graph_runner, logits_output, forward_batch, num_tokens)`` after ``model_runner``'s forward, inside the graph
+    (``ModelRunner.capture_tail_hooks``); ``hook`` None: nothing."""
+    if hook is None:
+        yield
+        return
+    hooks = model_runner.capture_tail_hooks
+    hooks.append(hook)
+    try:
+        yield
+    finally:
+        hooks.remove(hook)
+
+
+def argmax_is_sample(sampling_info) -> bool:
+    """Whether SGLang's sampler (``ModelRunner.sample``) picks the argmax of the raw logits for every request of a
+    batch with this ``SamplingBatchInfo``: all greedy, and nothing that changes the logits before it (custom logit
+    processors, penalties, a grammar mask, logit bias) nor asks it for more (sampling masks); on CUDA (ROCm's greedy
+    sampler is aiter's)."""
+    s = sampling_info
+    penalizer = getattr(s, "penalizer_orchestrator", None)
+    return (s.is_all_greedy and torch.version.hip is None and not getattr(s, "has_custom_logit_processor", False)
+            and getattr(s, "acc_additive_penalties", None) is None and getattr(s, "acc_scaling_penalties", None) is None
+            and not (penalizer is not None and penalizer.is_required) and getattr(s, "grammar_mask", None) is None
+            and getattr(s, "logit_bias", None) is None and not any(getattr(s, "return_sampling_masks", None) or []))
+
+
+def sanitizes_nan_logits() -> bool:
+    """SGLang's sampler replaces NaN / inf logits before sampling (``SGLANG_SANITIZE_NAN_LOGITS``, off by default)."""
+    from sglang.srt.environ import envs
+
+    return bool(envs.SGLANG_SANITIZE_NAN_LOGITS.get())
