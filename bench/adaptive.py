@@ -14,6 +14,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
     python -m bench.adaptive ... --server-env SGLANG_EAGLE_TRITON_VERIFY_ATTENTION=0   # and this environment
     python -m bench.adaptive --real-pair --interleave ...   # every server at once, batches measured in turn
     python -m bench.adaptive --real-pair --interleave --pin-cores ...   # and each on cores of its own
+    python -m bench.adaptive --real-pair --interleave --pin-cores --rotate-cores ...   # the shares turned each run
 
 On a GPU host, from the repository root: the Llama-3.1-8B target of :mod:`bench.serve` (``--load-format dummy``)
 and its random EAGLE-3 draft. Random weights accept nothing, so every server runs under SGLang's simulated
@@ -71,6 +72,8 @@ from bench.interleave import (
     paired_ratio,
     paired_section,
     pinned,
+    repin,
+    rotated,
 )
 from bench.serve import (
     MAX_NEW_TOKENS,
@@ -278,7 +281,7 @@ def card(r: dict) -> str:
 
 # --interleave's run modes: the row key a mode sets (True) and its label. Rows of other modes never replace one
 # another nor pair in a ratio.
-RUN_MODES = {"round_robin": "round-robin", "freeze_gc": "freeze-gc", "pin_cores": "pinned"}
+RUN_MODES = {"round_robin": "round-robin", "freeze_gc": "freeze-gc", "pin_cores": "pinned", "rotate_cores": "rotated"}
 
 
 def run_modes(r: dict) -> tuple:
@@ -415,6 +418,10 @@ def parse_args(argv=None):
     parser.add_argument("--pin-cores", action="store_true",
                         help="with --interleave: each server's processes on a share of the host's cores of their own "
                              "(taskset), this process on the rest (rows: 'pin_cores'; bench.interleave.core_shares)")
+    parser.add_argument("--rotate-cores", action="store_true",
+                        help="with --pin-cores: before each run every server's processes move to the next share, so "
+                             "that over a batch's repeats each server runs on every share (rows: 'rotate_cores'; "
+                             "bench.interleave.rotated)")
     parser.add_argument("--freeze-gc", action="store_true",
                         help="with --interleave: once every server is up and has served one request, freeze its "
                              "processes' garbage collector (SGLang's POST /freeze_gc), every system alike (rows: "
@@ -448,6 +455,8 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
     if args.pin_cores and not args.interleave:
         raise SystemExit("bench.adaptive: --pin-cores needs --interleave")
+    if args.rotate_cores and not args.pin_cores:
+        raise SystemExit("bench.adaptive: --rotate-cores needs --pin-cores")
     if args.pin_cores and shutil.which("taskset") is None:
         raise SystemExit("bench.adaptive: --pin-cores needs taskset (util-linux) on this host")
     if args.interleave and not args.real_pair:
@@ -479,6 +488,7 @@ def main(argv=None):
     servers = [(system, shape) for system in args.systems
                for shape in ([None] if SYSTEMS[system][0] is None or SYSTEMS[system][1] else args.shapes)]
     programs = {entry: LAUNCH_SERVER for entry in servers}
+    rotate = None
     if args.pin_cores:
         try:
             shares, client = core_shares(list(os.sched_getaffinity(0)), len(servers))
@@ -487,6 +497,11 @@ def main(argv=None):
         programs = {entry: pinned(LAUNCH_SERVER, share) for entry, share in zip(servers, shares, strict=True)}
         os.sched_setaffinity(0, client)
         meta["pin_cores"] = True
+        if args.rotate_cores:
+            meta["rotate_cores"] = True
+
+            def rotate(entry, run):  # the server's session (process group) onto its share of this run
+                repin(entry[2].proc.pid, rotated(shares, servers.index(entry[:2]), run))
 
     def start(system, shape, extra=()):
         name = f"{system}-{'-'.join(map(str, shape or ()))}".rstrip("-")
@@ -497,7 +512,7 @@ def main(argv=None):
                       program=programs[system, shape])
 
     if args.interleave:
-        return interleaved(servers, start, args, meta)
+        return interleaved(servers, start, args, meta, rotate)
 
     def measure_batch(system, shape, server, attention, batch):
         result = measure(server.url, batch, args.real_pair)
@@ -534,12 +549,13 @@ def policy_state(server) -> dict | None:
     return {"steps_in_force": state["adaptive_steps_in_force"], **{k: policy[k] for k in POLICY_KEYS if k in policy}}
 
 
-def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
+def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> None:
     """``--interleave``: every server up at once; per batch each measured ``--repeats`` times, in alternating order;
     a row keeps the mean ``tok_per_s`` and ``accept_len`` of the runs and every timing (``runs``). The cost policies'
     servers start first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and
     capturing on the same GPU would disturb), the others together once those are ready. A server that fails to start
-    is left out; one that fails while serving stops the sweep with the rows so far saved."""
+    is left out; one that fails while serving stops the sweep with the rows so far saved. ``rotate(entry, run)``
+    (``--rotate-cores``) runs before each measurement."""
     def is_cost(entry):
         return str(SYSTEMS[entry[0]][1]).startswith("cost")
 
@@ -555,10 +571,10 @@ def interleaved(servers: list[tuple], start, args, meta: dict) -> None:
                 for entry in measurement_order(ready, i, 1):
                     warm_up(entry[2].url, batch, True)
                 runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: measure(
-                    server.url, n, True, first_round=run, rounds=1, warm=False))
+                    server.url, n, True, first_round=run, rounds=1, warm=False), before=rotate)
             else:
                 runs = measure_in_turn(ready, i, batch, args.repeats,
-                                       lambda server, n, run: measure(server.url, n, True))
+                                       lambda server, n, run: measure(server.url, n, True), before=rotate)
             for system, shape, server, attention in ready:
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")

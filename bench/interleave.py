@@ -9,7 +9,9 @@ face the same host. Without ``--interleave`` both sweeps run their servers :func
 from __future__ import annotations
 
 import math
+import os
 import statistics
+from pathlib import Path
 
 # Several servers on the same GPUs, one serving at a time (servers of several ranks serving at once on shared cards
 # stall one another: docs/gpu.md): a capped KV pool (each profiles the memory the ones before it left; with many
@@ -43,6 +45,35 @@ def pinned(program, share: list[int]) -> tuple:
     """``program`` (a server's command prefix) run on the cores of ``share`` alone (``taskset``; the server's
     scheduler and detokenizer processes inherit the affinity)."""
     return ("taskset", "-c", ",".join(map(str, share)), *program)
+
+
+def rotated(shares: list[list[int]], index: int, run: int) -> list[int]:
+    """``--rotate-cores``: the share of the ``index``-th server at its ``run``-th run, the shares turned by one a run:
+    within a repeat of :func:`measurement_order` every server is on its own share, and over ``len(shares)`` runs every
+    server is on every share once (where a server's processes land moved its speed: :func:`core_shares`)."""
+    return shares[(index + run) % len(shares)]
+
+
+def repin(group: int, share: list[int], proc: Path = Path("/proc"), set_affinity=os.sched_setaffinity) -> int:
+    """Every thread of every process of the process group ``group`` (a server's session: its launcher, scheduler and
+    detokenizer processes, read from ``proc``) onto the cores of ``share``. Returns how many threads it moved; a
+    process or thread that ended meanwhile is skipped."""
+    moved = 0
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+            if int(fields[2]) != group:
+                continue
+            threads = [int(t.name) for t in (stat.parent / "task").iterdir()]
+        except (OSError, IndexError, ValueError):
+            continue
+        for tid in threads:
+            try:
+                set_affinity(tid, share)
+                moved += 1
+            except OSError:
+                pass
+    return moved
 
 
 def measurement_order(entries: list, batch_index: int, repeats: int = 2) -> list:
@@ -108,14 +139,17 @@ def one_after_another(servers: list[tuple], start, attention_of, measure_batch, 
                 save_rows(rows)
 
 
-def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: int, measure_one
+def measure_in_turn(ready: list[tuple], batch_index: int, batch: int, repeats: int, measure_one, before=None
                     ) -> dict[str, list[dict]]:
     """Each ready server's runs of the ``batch_index``-th batch, of ``batch`` requests (``measure_one(server,
     batch, run)``, ``run`` counting that server's runs of the batch from 0), in :func:`measurement_order`, by server
-    name."""
+    name; ``before(entry, run)`` first, where given."""
     runs: dict = {}
     for entry in measurement_order(ready, batch_index, repeats):
-        result = measure_one(entry[2], batch, len(runs.get(entry[2].name, ())))
+        run = len(runs.get(entry[2].name, ()))
+        if before is not None:
+            before(entry, run)
+        result = measure_one(entry[2], batch, run)
         runs.setdefault(entry[2].name, []).append(result)
         print(entry[2].name, batch, result, flush=True)
     return runs

@@ -1,6 +1,8 @@
 """A stand-in for :class:`sgl_eagle_triton.devtools.launcher.Server` in the benchmarks' CPU tests: records what a sweep
 starts (its flags), waits for and stops, in order."""
 
+from types import SimpleNamespace
+
 
 class ServerLog:
     """``server_class()``: a ``Server`` look-alike whose instances (url = name) record into ``started`` (each one's
@@ -18,6 +20,7 @@ class ServerLog:
         class FakeServer:
             def __init__(self, name, model, args, workdir, env=None, program=None):
                 self.name = self.url = name
+                self.proc = SimpleNamespace(pid=1000 + len(log.started))  # its session's process group
                 log.started.append(args)
                 log.envs.append(env or {})
                 log.programs.append(program)

@@ -1,6 +1,8 @@
 """bench/adaptive.py's pure-Python parts (server arguments, the decode rate, row merging, report) in CPU CI."""
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -368,6 +370,93 @@ def test_core_shares_give_each_server_its_own_cores_and_keep_some_for_the_client
         with pytest.raises(ValueError, match="cannot give"):
             interleave.core_shares(cores, servers)
     assert interleave.pinned(("python", "-m", "x"), [4, 5]) == ("taskset", "-c", "4,5", "python", "-m", "x")
+
+
+def test_rotated_shares_put_every_server_on_every_share_once_in_as_many_runs():
+    shares = [[0, 1], [2, 3], [4, 5]]
+    for run in range(3):  # within a run (a repeat) the servers' shares are a permutation of the shares
+        assert sorted(interleave.rotated(shares, i, run) for i in range(3)) == shares
+    for i in range(3):  # over three runs a server visits every share
+        assert sorted(interleave.rotated(shares, i, run) for run in range(3)) == shares
+    assert [interleave.rotated(shares, 1, run) for run in range(4)] == [[2, 3], [4, 5], [0, 1], [2, 3]]
+
+
+def _proc(root, pid: int, group: int, threads=(), comm="python3 (x) y"):
+    """A /proc entry: process ``pid`` of process group ``group`` (its stat: ``pid (comm) state ppid pgrp ...``; a
+    command name may hold spaces and parentheses) with ``threads`` (its own pid among them)."""
+    (root / str(pid) / "task").mkdir(parents=True)
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm}) S 1 {group} {group} 0 -1 4194560 0 0\n")
+    for tid in (pid, *threads):
+        (root / str(pid) / "task" / str(tid)).mkdir()
+
+
+def test_repin_moves_every_thread_of_the_servers_session_and_nothing_else(tmp_path):
+    _proc(tmp_path, 100, 100, threads=(101, 102))  # the launcher, leader of the server's session
+    _proc(tmp_path, 110, 100, threads=(111,))  # its scheduler
+    _proc(tmp_path, 120, 100)  # its detokenizer
+    _proc(tmp_path, 200, 200, threads=(201,))  # another server
+    (tmp_path / "self").mkdir()  # not a process directory
+    moved = []
+    assert interleave.repin(100, [4, 5], proc=tmp_path, set_affinity=lambda tid, cores: moved.append((tid, cores))) == 6
+    assert sorted(moved) == [(t, [4, 5]) for t in (100, 101, 102, 110, 111, 120)]
+
+    def ended(tid, cores):  # a thread that ended meanwhile is skipped
+        if tid == 101:
+            raise ProcessLookupError(tid)
+    assert interleave.repin(100, [4, 5], proc=tmp_path, set_affinity=ended) == 5
+
+
+def test_repin_moves_a_real_process_group(tmp_path):
+    """On this host's /proc: a child in a session of its own, and its child, both moved to one core."""
+    import subprocess
+    import sys
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(30)']); time.sleep(30)"], start_new_session=True)
+    try:
+        for _ in range(100):  # the grandchild started
+            group = [p for p in Path("/proc").glob("[0-9]*/stat") if _group_of(p) == child.pid]
+            if len(group) == 2:
+                break
+            time.sleep(0.05)
+        assert interleave.repin(child.pid, [core]) >= 2
+        assert all(os.sched_getaffinity(int(p.parent.name)) == {core} for p in group)
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait()
+
+
+def _group_of(stat: Path) -> int | None:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_rotate_cores_turns_the_servers_shares_before_each_run(tmp_path, monkeypatch):
+    """``--rotate-cores`` (with ``--pin-cores``): before each run the server's session moves to its share of that run
+    (bench.interleave.rotated), its first run on the share it started on; rows carry ``rotate_cores``."""
+    servers, moved = ServerLog(), []
+    monkeypatch.setattr(adaptive.os, "sched_getaffinity", lambda pid: set(range(10)))
+    monkeypatch.setattr(adaptive.os, "sched_setaffinity", lambda pid, cores: None)
+    monkeypatch.setattr(adaptive.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(adaptive, "repin", lambda group, share: moved.append((group, share)))
+    with pytest.raises(SystemExit, match="--rotate-cores needs --pin-cores"):
+        adaptive.main(["--real-pair", "--interleave", "--rotate-cores", "--out", str(tmp_path / "x.json")])
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {
+        "tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    adaptive.main(["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
+                   str(out), "--real-pair", "--interleave", "--pin-cores", "--rotate-cores", "--repeats", "2"])
+    a, b = [0, 1, 2, 3], [4, 5, 6, 7]  # the shares the two servers started on (nospec 1000, the other 1001)
+    assert sorted(moved) == sorted([(1000, a), (1001, b), (1000, b), (1001, a)])
+    assert moved[:2] in ([(1000, a), (1001, b)], [(1001, b), (1000, a)])  # the first repeat: each on its own
+    assert [r["rotate_cores"] for r in json.loads(out.read_text())] == [True, True]
+    assert "nospec {pinned rotated}" in out.with_suffix(".md").read_text()
 
 
 def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_path, monkeypatch):
