@@ -536,9 +536,14 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def _usable_graph_epilogue(self, state) -> GraphEpilogue | None:
         """The steps-0 state's graph epilogue, if it went into every one of the state's target graphs, once per
-        batch size (so that a batch padded to a captured size reads that graph's tokens); else None (logged)."""
+        batch size (so that a batch padded to a captured size reads that graph's tokens), and those graphs replay
+        whole (SGLang's full CUDA-graph backend); else None (logged)."""
         epilogue = self._graph_epilogue
         if epilogue is None:
+            return None
+        if not glue.replays_whole_graphs(getattr(state, "target_graph_runner", None)):
+            logger.warning("%s: steps 0's target graphs do not replay whole (not SGLang's full CUDA-graph backend): "
+                           "the plain step samples and fills outside the graph", ALGORITHM_NAME)
             return None
         sizes = verify_graph_sizes(state)
         if not sizes or sorted(epilogue.tokens) != sizes or epilogue.ambiguous:

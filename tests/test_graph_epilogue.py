@@ -190,12 +190,20 @@ def test_the_draft_worker_skips_its_fill_after_the_graphs_once(monkeypatch):
     assert result.next_draft_input.topk_p.shape == (3, 1)  # the stubs either way
 
 
+def _whole_graphs():
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    return FullCudaGraphBackend.__new__(FullCudaGraphBackend)
+
+
 def test_the_epilogue_is_used_only_if_it_went_once_into_every_steps_0_graph():
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
-    state = SimpleNamespace(target_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4]))
+    state = SimpleNamespace(target_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4], backend=_whole_graphs()))
     assert w._usable_graph_epilogue(state) is None  # none captured
     w._graph_epilogue = _captured_epilogue(sizes=(1, 2, 4))
     assert w._usable_graph_epilogue(state) is w._graph_epilogue
+    pieces = SimpleNamespace(target_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4], backend=object()))
+    assert w._usable_graph_epilogue(pieces) is None  # SGLang's breakable backend: replays with eager breaks
     w._graph_epilogue = _captured_epilogue(sizes=(1, 4))  # a graph without it: its batches would read stale tokens
     assert w._usable_graph_epilogue(state) is None
     w._graph_epilogue = _captured_epilogue(sizes=(1, 2, 4, 4))
@@ -213,5 +221,7 @@ def test_the_capture_tail_hook_is_there_for_the_capture_only():
 
 def test_the_epilogues_touchpoints_hold_on_this_sglang():
     assert call_sites.graph_epilogue_problems(SimpleNamespace(capture_tail_hooks=[])) == []
+    assert call_sites.replays_whole_graphs(SimpleNamespace(backend=_whole_graphs()))
+    assert not call_sites.replays_whole_graphs(None)
     assert call_sites.graph_epilogue_problems(SimpleNamespace()) == [
         "types.SimpleNamespace keeps no capture_tail_hooks list"]

@@ -429,6 +429,15 @@ def graph_epilogue_problems(model_runner) -> list[str]:
     return problems
 
 
+def replays_whole_graphs(graph_runner) -> bool:
+    """Whether ``graph_runner`` (a decode-graph runner: a state's ``target_graph_runner``) replays each captured graph
+    whole (SGLang's full CUDA-graph backend), not in pieces with eager breaks between them (its breakable backend,
+    ``--debug-cuda-graph``), where a tail hook's buffers need not be the replay's."""
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    return isinstance(getattr(graph_runner, "backend", None), FullCudaGraphBackend)
+
+
 @contextmanager
 def capture_tail_hook(model_runner, hook):
     """While the block runs (an adaptive state's CUDA graphs being captured), SGLang's decode-graph capture calls
