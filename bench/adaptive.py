@@ -539,14 +539,21 @@ POLICY_KEYS = ("switches", "probes", "depth_rates", "rest_ms", "rest_spread_ms")
 
 def policy_state(server) -> dict | None:
     """Row key ``policy`` of an EAGLE_TRITON adaptive server after a batch, from its ``/server_info``: the decode steps
-    run at each step count since start (``steps_in_force``) and, under the cost policy, its switches, depth rates
-    and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose and the prices it chose by. None for
-    other servers."""
+    run at each step count since start (``steps_in_force``), how its steps 0 ran (``steps_0``: plain steps, those
+    whose token and fill came from the target graph, resumes; all since start) and, under the cost policy, its
+    switches, depth rates and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose, how its choice
+    ran, and the prices it chose by. None for other servers."""
+    from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
+    from sgl_eagle_triton.worker import GRAPH_EPILOGUE
+
     state = server.get_json("/server_info")["internal_states"][0].get("eagle_triton", {})
     if "adaptive_steps_in_force" not in state:
         return None
-    policy = state.get("adaptive_policy") or {}
-    return {"steps_in_force": state["adaptive_steps_in_force"], **{k: policy[k] for k in POLICY_KEYS if k in policy}}
+    policy, ran = state.get("adaptive_policy") or {}, state.get("ran") or {}
+    steps_0 = {"plain": ran.get(PLAIN_OFF_STEP, 0), "graph_epilogue": ran.get(GRAPH_EPILOGUE, 0),
+               "resumes": state.get("adaptive_resumes", 0)}
+    return {"steps_in_force": state["adaptive_steps_in_force"], "steps_0": steps_0,
+            **{k: policy[k] for k in POLICY_KEYS if k in policy}}
 
 
 def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> None:
