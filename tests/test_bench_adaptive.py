@@ -328,9 +328,11 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV
 
 
-def _interleaved_sweep(tmp_path, monkeypatch, servers: ServerLog, flag: str, measure=lambda url: None) -> tuple:
-    """A two-server ``--real-pair`` sweep with ``flag`` on ``servers`` (fakes): refused without ``--interleave``, then
-    run with it, ``measure(url)`` called at each measurement. Returns its rows and its report."""
+def _interleaved_sweep(tmp_path, monkeypatch, servers: ServerLog, flag: str, measure=lambda url: None, extra=(),
+                       repeats: int = 1) -> tuple:
+    """A two-server ``--real-pair`` sweep with ``flag`` (and ``extra`` flags) on ``servers`` (fakes), ``repeats`` runs
+    a batch: refused without ``--interleave``, then run with it, ``measure(url)`` called at each measurement. Returns
+    its rows and its report."""
     monkeypatch.setattr(adaptive, "Server", servers.server_class())
     monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: measure(url) or {
         "tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
@@ -338,7 +340,7 @@ def _interleaved_sweep(tmp_path, monkeypatch, servers: ServerLog, flag: str, mea
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
     out = tmp_path / "sweep.json"
     argv = ["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
-            str(out), "--real-pair", flag, "--repeats", "1"]
+            str(out), "--real-pair", flag, *extra, "--repeats", str(repeats)]
     with pytest.raises(SystemExit, match=f"{flag} needs --interleave"):
         adaptive.main(argv)
     adaptive.main([*argv, "--interleave"])
@@ -444,19 +446,13 @@ def test_rotate_cores_turns_the_servers_shares_before_each_run(tmp_path, monkeyp
     monkeypatch.setattr(adaptive, "repin", lambda group, share: moved.append((group, share)))
     with pytest.raises(SystemExit, match="--rotate-cores needs --pin-cores"):
         adaptive.main(["--real-pair", "--interleave", "--rotate-cores", "--out", str(tmp_path / "x.json")])
-    monkeypatch.setattr(adaptive, "Server", servers.server_class())
-    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {
-        "tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
-    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
-    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
-    out = tmp_path / "sweep.json"
-    adaptive.main(["--systems", "nospec", "eagle_triton_off", "--batches", "1", "--workdir", str(tmp_path), "--out",
-                   str(out), "--real-pair", "--interleave", "--pin-cores", "--rotate-cores", "--repeats", "2"])
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--pin-cores", extra=("--rotate-cores",),
+                                      repeats=2)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]  # the shares the two servers started on (nospec 1000, the other 1001)
     assert sorted(moved) == sorted([(1000, a), (1001, b), (1000, b), (1001, a)])
     assert moved[:2] in ([(1000, a), (1001, b)], [(1001, b), (1000, a)])  # the first repeat: each on its own
-    assert [r["rotate_cores"] for r in json.loads(out.read_text())] == [True, True]
-    assert "nospec {pinned rotated}" in out.with_suffix(".md").read_text()
+    assert [r["rotate_cores"] for r in rows] == [True, True]
+    assert "nospec {pinned rotated}" in report
 
 
 def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_path, monkeypatch):
