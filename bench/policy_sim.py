@@ -4,12 +4,16 @@ given acceptance, with steps 0's probe (adaptive.PROBE) or other probe settings,
 
     python -m bench.policy_sim                          # the table of docs/off-step-design.md section 6
     python -m bench.policy_sim --probe 16,256,4 64,1024,4
+    python -m bench.policy_sim --cap --cold 100,1.5 --noise 0.15   # pricing by deeper states' cycles, on and off
 
 Model (one request at a time, batch 1): a cycle at steps 0 costs ``OFF_MS``, at steps s ``draft_ms(s)`` (the trained
 tiny pair's host-bound cycles on one H200: 1.7 ms and 3.0-3.7 ms); a request's drafts are accepted depth by depth
 with its own chance; the policy sees every cycle's time and every verify's accepted drafts, as on a server. A switch
 from steps 0 to a drafting state costs one more cycle at steps 0 (the worker's resume step). ``oracle``: each request
-served in whichever single state is fastest for it.
+served in whichever single state is fastest for it. ``--cold N,F``: the server's first N cycles cost F times as much
+(a server's first requests: one H200 priced the chain of 3 at 4.9-5.1 ms from them, 3.2 ms later); ``--noise S``:
+every cycle times a log-normal factor of sigma S. ``--cap``: compare the price cap by deeper states' cycles
+(adaptive.CycleCost.cap_by_deeper) with each state's own price alone, instead of probe settings.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ CANDIDATES = [0, 1, 3, 5, 7]
 OFF_MS = 1.7
 TRAFFIC = {  # per-request acceptance chances, in order
     "mixed": [0.2, 0.85] * 10, "hard, then easy": [0.3] * 10 + [0.85] * 10, "easy": [0.85] * 20,
-    "hard": [0.3] * 20, "useless": [0.02] * 20}
+    "hard": [0.3] * 20, "useless": [0.02] * 20,
+    "tiny pair": [0.6] * 20}  # the trained tiny pair's depth rates at batch 1 (0.55-0.67)
 
 
 def draft_ms(steps: int) -> float:
@@ -40,25 +45,34 @@ def oracle_tok_per_ms(rates: list[float]) -> float:
     return len(rates) / ms
 
 
-def simulate(rates: list[float], probe, tokens_per_request: int = 200, seed: int = 0) -> dict:
+def simulate(rates: list[float], probe, tokens_per_request: int = 200, seed: int = 0, cap: bool = True,
+             cold: tuple[int, float] = (0, 1.0), noise: float = 0.0) -> dict:
     """Serves one request per acceptance chance in ``rates``; returns ``tok_per_ms``, ``steps_in_force`` and
-    ``probes``."""
+    ``probes``. ``cap``: CycleCost.cap_by_deeper; ``cold``: (cycles, factor) at the server's start; ``noise``: the
+    sigma of every cycle's log-normal factor."""
     rng, now = random.Random(seed), [0.0]
     policy = CostAwarePolicy(CANDIDATES, 3, clock=lambda: now[0], probe=probe)
-    policy.set_costs(CycleCost({(s, 1): 0.1 + 0.03 * s for s in CANDIDATES}))
-    tokens, in_force, last = 0, {}, 3
+    policy.set_costs(CycleCost({(s, 1): 0.1 + 0.03 * s for s in CANDIDATES}, cap_by_deeper=cap))
+    tokens, in_force, last, cycles = 0, {}, 3, 0
+
+    def spend(ms: float) -> None:
+        nonlocal cycles
+        factor = cold[1] if cycles < cold[0] else 1.0
+        cycles += 1
+        now[0] += ms * factor * (rng.lognormvariate(0.0, noise) if noise else 1.0) / 1e3
+
     for rate in rates:
         left = tokens_per_request
         while left > 0:
             steps = policy.get_steps_for_batch(1)
             if last == 0 and steps > 0:  # the resume step
-                now[0] += OFF_MS / 1e3
+                spend(OFF_MS)
             last = steps
             in_force[steps] = in_force.get(steps, 0) + 1
             accepted = 0
             while accepted < steps and rng.random() < rate:
                 accepted += 1
-            now[0] += cycle_ms(steps) / 1e3
+            spend(cycle_ms(steps))
             left -= accepted + 1
             tokens += accepted + 1
             policy.on_verify_complete([accepted], 1)
@@ -71,23 +85,36 @@ def parse_probe(text: str) -> tuple[int, int, int]:
     return first, longest, verifies
 
 
+def parse_cold(text: str) -> tuple[int, float]:
+    cycles, factor = text.split(",")
+    return int(cycles), float(factor)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", type=parse_probe, nargs="*", default=[PROBE],
                         help="probe settings to compare with none: FIRST,LONGEST,VERIFIES (default adaptive.PROBE)")
     parser.add_argument("--seeds", type=int, default=5, help="runs per traffic (their mean)")
+    parser.add_argument("--cap", action="store_true",
+                        help="compare the price cap by deeper states' cycles with own prices alone (probe: PROBE)")
+    parser.add_argument("--cold", type=parse_cold, default=(0, 1.0), help="CYCLES,FACTOR at the server's start")
+    parser.add_argument("--noise", type=float, default=0.0, help="sigma of each cycle's log-normal factor")
     args = parser.parse_args(argv)
-    print("| traffic | probe | tok/ms | / no probe | / oracle | probes | steps in force (seed 0) |\n"
-          "|---|---|---|---|---|---|---|")
+    # variants: (label, probe, cap); the first is the base of the "/ base" column
+    if args.cap:
+        variants = [("own prices", PROBE, False), ("cap by deeper", PROBE, True)]
+    else:
+        variants = [("none", None, True), *((",".join(map(str, p)), p, True) for p in args.probe)]
+    print(f"| traffic | {'pricing' if args.cap else 'probe'} | tok/ms | / {variants[0][0]} | / oracle | probes | "
+          "steps in force (seed 0) |\n|---|---|---|---|---|---|---|")
     for name, rates in TRAFFIC.items():
         oracle = oracle_tok_per_ms(rates)
-        runs = {probe: [simulate(rates, probe, seed=seed) for seed in range(args.seeds)]
-                for probe in [None, *args.probe]}
-        base = sum(r["tok_per_ms"] for r in runs[None]) / args.seeds
-        for probe, results in runs.items():
+        runs = {label: [simulate(rates, probe, seed=seed, cap=cap, cold=args.cold, noise=args.noise)
+                        for seed in range(args.seeds)] for label, probe, cap in variants}
+        base = sum(r["tok_per_ms"] for r in runs[variants[0][0]]) / args.seeds
+        for label, results in runs.items():
             tok = sum(r["tok_per_ms"] for r in results) / args.seeds
             probes = sum(r["probes"] for r in results) / args.seeds
-            label = ",".join(map(str, probe)) if probe else "none"
             print(f"| {name} | {label} | {tok:.3f} | {tok / base:.3f} | {tok / oracle:.3f} | {probes:.0f} | "
                   f"{results[0]['steps_in_force']} |")
 

@@ -286,8 +286,10 @@ class CycleCost:
     over the real prefixes than the replays price), so one state's rest says little about another's.
     """
 
-    def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1, first: int = 3):
+    def __init__(self, replay: dict[tuple[int, int], float], alpha: float = 0.1, first: int = 3,
+                 cap_by_deeper: bool = True):
         self.replay = dict(replay)
+        self.cap_by_deeper = cap_by_deeper  # rest_ms; False: each state's own rest alone (bench.policy_sim's A/B)
         self.sizes = sorted({bs for _, bs in replay})
         self.alpha, self.first = alpha, first
         self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
@@ -340,12 +342,32 @@ class CycleCost:
         return {key: (min(recent), max(recent), len(recent)) for key, recent in self._recent.items() if recent}
 
     def rest_ms(self, steps: int, batch_size: int) -> float:
-        """The state's rest at the batch's bucket once counted (:meth:`counted`); until then, for a drafting state,
-        the smallest counted rest of another drafting state there (steps 0 borrows none: it runs no tree work), else
+        """The state's own rest (:meth:`_own_rest`), lowered where a state that does all its work and more (more
+        steps, graphs at least as long: :meth:`dominates`) has a counted cycle at the batch's bucket that is shorter
+        than the state's own: a cycle is not longer than a deeper state's (host work and graphs both a subset).
+        Without this an own rest learnt from a few slow cycles (a server's first requests: a chain of 3 priced 4.9 ms
+        from them, 3.2 ms once tried again, one H200) keeps the state from being tried again while the deeper
+        state's price moves on."""
+        bucket = self.bucket(batch_size)
+        own = self._own_rest(steps, bucket)
+        if not self.cap_by_deeper:
+            return own
+        graphs = self.graphs_ms(steps, bucket)
+        caps = [self.graphs_ms(s, bucket) + ms - graphs for (s, b), ms in self.rest.items()
+                if b == bucket and self.counted(s, b) and self.dominates(s, steps, bucket)]
+        return min([own, *caps])
+
+    def dominates(self, deeper: int, steps: int, bucket: int) -> bool:
+        """Whether the state ``deeper`` does all of the state ``steps``' work at ``bucket``: more steps, and graphs
+        (draft, verify, draft extend) at least as long there."""
+        return deeper > steps and self.graphs_ms(deeper, bucket) >= self.graphs_ms(steps, bucket)
+
+    def _own_rest(self, steps: int, bucket: int) -> float:
+        """The state's rest at ``bucket`` once counted (:meth:`counted`); until then, for a drafting state, the
+        smallest counted rest of another drafting state there (steps 0 borrows none: it runs no tree work), else
         its own first two samples' lower median, else its own counted rest at the nearest smaller bucket (the rest
         grows with the batch: still a low price, so the state is tried), else its one sample (maybe a pause), else
         0."""
-        bucket = self.bucket(batch_size)
         if self.counted(steps, bucket):
             return self.rest[steps, bucket]
         borrowed = [ms for (s, b), ms in self.rest.items()

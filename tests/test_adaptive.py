@@ -86,8 +86,9 @@ def test_a_drafting_state_is_priced_with_the_least_counted_rest_at_its_bucket_un
     """H200 sweeps, batch 64: the 3-step chain's cycle was its graphs + 2.1-2.4 ms; the 7-step chain's rest rested on
     one cycle that measured under its replay (0 ms), and the untried 1-step chain, priced with it at its graphs
     alone, looked best and was tried for nothing (twice). A rest counts from its third cycle; until then a drafting
-    state borrows the least counted rest of another drafting state there."""
-    c = CycleCost({(0, 64): 5.3, (1, 64): 6.2, (3, 64): 8.1, (7, 64): 14.5, (3, 1): 5.7})
+    state borrows the least counted rest of another drafting state there. (Each state's own rest: without the cap
+    by deeper states, tested below.)"""
+    c = CycleCost({(0, 64): 5.3, (1, 64): 6.2, (3, 64): 8.1, (7, 64): 14.5, (3, 1): 5.7}, cap_by_deeper=False)
     for wall in (10.4, 10.2, 10.5):
         c.observe_cycle(3, 64, wall)
     c.observe_cycle(7, 64, 14.0)  # one cycle, under its replay: rest 0, not counted
@@ -100,7 +101,7 @@ def test_a_drafting_state_is_priced_with_the_least_counted_rest_at_its_bucket_un
         c.observe_cycle(1, 64, wall)
     assert c.cost(1, 64) == pytest.approx(6.8)  # its own rest once counted
     assert c.cost(7, 64) == pytest.approx(14.5 + 0.6)  # now the least counted rest there
-    lone = CycleCost({(1, 8): 5.0, (3, 8): 6.0})
+    lone = CycleCost({(1, 8): 5.0, (3, 8): 6.0}, cap_by_deeper=False)
     lone.observe_cycle(3, 8, 7.0)
     assert lone.cost(3, 8) == 7.0 and lone.cost(1, 8) == 5.0  # nothing counted: its own first samples, or none
     for wall in (5.6, 5.5, 5.7):
@@ -110,6 +111,57 @@ def test_a_drafting_state_is_priced_with_the_least_counted_rest_at_its_bucket_un
     assert c.cost(0, 64) == pytest.approx(5.3 + c.rest[0, 1])
     c.observe_cycle(0, 64, 7.0)  # two samples: their lower median
     assert c.cost(0, 64) == pytest.approx(7.0)
+
+
+def test_a_state_is_priced_no_dearer_than_a_counted_deeper_state():
+    """Trained tiny pair, one H200, batch 1: a cost server priced the chain of 3 at 4.9-5.1 ms from its first requests
+    and never tried it again while the chain of 7's price fell to 3.8-4.1 ms; tried again (a probe), the chain of 3
+    cost 3.2 ms. A state does a subset of a deeper state's work (fewer steps, shorter graphs), so its cycle is priced
+    at most the deeper state's counted cycle at that bucket; a shallower state's cycle does not cap a deeper one's."""
+    replay = {(0, 1): 0.13, (1, 1): 0.17, (3, 1): 0.23, (5, 1): 0.29, (7, 1): 0.34, (7, 16): 0.34}
+    c = CycleCost(replay)
+    for wall in (5.0, 5.1, 5.2):
+        c.observe_cycle(3, 1, wall)
+    assert c.cost(3, 1) == pytest.approx(5.1)
+    for wall in (4.0, 3.9, 4.1):
+        c.observe_cycle(7, 1, wall)
+    assert c.cost(7, 1) == pytest.approx(4.0)
+    assert c.cost(3, 1) == pytest.approx(4.0)  # capped by the chain of 7's cycle
+    assert c.rest[3, 1] == pytest.approx(4.87)  # its own rest is kept: the cap is a price, not a sample
+    assert c.cost(5, 1) == pytest.approx(0.29 + 3.66)  # uncounted: the least counted rest, below 7's cycle
+    for wall in (1.9, 2.0, 2.1):
+        c.observe_cycle(0, 1, wall)
+    assert c.cost(0, 1) == pytest.approx(2.0)  # steps 0's own cycle, below every drafting state's
+    for wall in (2.5, 2.5, 2.5):
+        c.observe_cycle(1, 1, wall)
+    assert c.cost(7, 1) == pytest.approx(4.0)  # a shallower state's cycle never caps a deeper one's
+    for wall in (1.5, 1.5, 1.5):
+        c.observe_cycle(7, 16, wall)
+    assert c.cost(3, 1) == pytest.approx(4.0)  # another bucket's cycle caps nothing here
+    noisy = CycleCost({(3, 1): 0.35, (7, 1): 0.34})  # replays within their noise: the shallower measured longer
+    for wall in (2.5, 2.5, 2.5):
+        noisy.observe_cycle(3, 1, wall)
+    for wall in (4.0, 4.0, 4.0):
+        noisy.observe_cycle(7, 1, wall)
+    assert noisy.cost(7, 1) == pytest.approx(4.0)  # still not capped by a state of fewer steps
+    wide = CycleCost({(3, 1): 0.40, (4, 1): 0.30})  # a wide tree of 3 steps beside a chain of 4 (shorter graphs)
+    for wall in (3.0, 3.0, 3.0):
+        wide.observe_cycle(3, 1, wall)
+    for wall in (2.0, 2.0, 2.0):
+        wide.observe_cycle(4, 1, wall)
+    assert wide.cost(3, 1) == pytest.approx(3.0)  # the chain does not do the tree's work: no cap
+    once = CycleCost(replay)
+    for wall in (5.0, 5.0, 5.0):
+        once.observe_cycle(3, 1, wall)
+    once.observe_cycle(7, 1, 0.2)  # one cycle under its replay (rest 0): not counted, caps nothing
+    assert once.cost(3, 1) == pytest.approx(5.0)
+    slow7 = CycleCost(replay)
+    for wall in (6.0, 6.0, 6.0):
+        slow7.observe_cycle(7, 1, wall)
+    for wall in (3.3, 3.2, 3.1):
+        slow7.observe_cycle(3, 1, wall)
+    assert slow7.cost(3, 1) == pytest.approx(3.2)  # its own cycle where that is the lower
+    assert CycleCost(replay, cap_by_deeper=False).cost(3, 1) == 0.23  # the A/B switch: own rests alone
 
 
 def test_a_new_batch_size_is_decided_at_once_not_after_the_next_verifies():

@@ -145,3 +145,21 @@ def test_the_policy_simulation_shows_the_probe_leaving_steps_0_for_easy_requests
     assert useless[1] > 0.98 * useless[0], useless
     assert policy_sim.simulate(policy_sim.TRAFFIC["easy"][:2], None, tokens_per_request=100)["tok_per_ms"] > 1.0
     assert policy_sim.oracle_tok_per_ms([0.02]) == pytest.approx(1 / policy_sim.OFF_MS)
+
+
+def test_the_policy_simulation_models_a_slow_start_and_noisy_cycles_and_compares_the_price_cap(capsys):
+    """bench.policy_sim --cold / --noise / --cap (docs/adaptive.md, the cap by deeper states)."""
+    from bench import policy_sim
+    from sgl_eagle_triton.adaptive import PROBE
+
+    rates = policy_sim.TRAFFIC["tiny pair"][:2]
+    steady = policy_sim.simulate(rates, PROBE, tokens_per_request=100)["tok_per_ms"]
+    cold = policy_sim.simulate(rates, PROBE, tokens_per_request=100, cold=(50, 2.0))["tok_per_ms"]
+    assert cold < 0.9 * steady  # 50 of ~90 cycles at twice the time
+    noisy = [policy_sim.simulate(rates, PROBE, tokens_per_request=100, noise=0.3, seed=seed)["tok_per_ms"]
+             for seed in (0, 0, 1)]
+    assert noisy[0] == noisy[1] != noisy[2] and noisy[0] != steady
+    policy_sim.main(["--cap", "--seeds", "1", "--cold", "20,1.5"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 2 * len(policy_sim.TRAFFIC)
+    assert [row.split(" | ")[1] for row in rows[1:3]] == ["own prices", "cap by deeper"]
