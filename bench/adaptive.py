@@ -46,7 +46,10 @@ by batch every server is measured twice (``--repeats``), the systems in one orde
 first order alternating between batches); a row keeps the mean and every timing (``runs``). With ``--round-robin``
 a run is a single round of the batch (at batch 1 one request): the servers take turns round by round, seconds apart
 instead of a whole measurement apart, and run ``r`` of every server serves the same prompts, so the report's
-run-by-run ratios pair like with like (``--repeats`` rounds per server, e.g. 16).
+run-by-run ratios pair like with like (``--repeats`` rounds per server, e.g. 16). ``--rounds-per-run N`` makes a run
+N rounds (run ``r`` rounds ``rN .. rN + N - 1``): at batch 1 one request's acceptance and the adaptive policy's
+transients set a one-round run's rate (one H200, trained pair: the same cost-policy source 0.57-1.11x itself run by
+run), N rounds average them while the servers still take turns.
 """
 
 from __future__ import annotations
@@ -285,7 +288,7 @@ RUN_MODES = {"round_robin": "round-robin", "freeze_gc": "freeze-gc", "pin_cores"
 
 
 def run_modes(r: dict) -> tuple:
-    return tuple(r.get(key, False) for key in RUN_MODES)
+    return (*(r.get(key, False) for key in RUN_MODES), r.get("rounds_per_run", 1))
 
 
 def row_key(r: dict) -> tuple:
@@ -303,7 +306,9 @@ def label(r: dict, cards: bool = False) -> str:
     """The system and its shape; with ``cards``, also the card it ran on."""
     name = r["system"] if r["system"] == "nospec" or r["steps"] is None else (
         f"{r['system']} ({r['steps']},{r['topk']},{r['draft_tokens']})")
-    modes = (mode for key, mode in RUN_MODES.items() if r.get(key))
+    modes = [mode for key, mode in RUN_MODES.items() if r.get(key)]
+    if r.get("rounds_per_run", 1) > 1:
+        modes.append(f"{r['rounds_per_run']} rounds a run")
     extra = " ".join(x for x in (r.get("env"), r.get("flags"), *modes) if x)  # --server-env, --server-flags, run modes
     if extra:
         name = f"{name} {{{extra}}}"
@@ -412,6 +417,8 @@ def parse_args(argv=None):
                         help="with --interleave: a run is one round of the batch (servers in turn round by round, "
                              "each round's prompts the same for every server), --repeats rounds per server after "
                              "one warm-up each")
+    parser.add_argument("--rounds-per-run", type=int, default=1,
+                        help="with --round-robin: rounds in each run (default 1; at batch 1 a round is one request)")
     parser.add_argument("--interleave", action="store_true",
                         help="with --real-pair: start every server at once and measure them batch by batch, each "
                              "batch twice (--repeats) in alternating order (rows: the mean, 'runs' each)")
@@ -451,6 +458,8 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --repeats: at least 1")
     if args.round_robin and not args.interleave:
         raise SystemExit("bench.adaptive: --round-robin needs --interleave")
+    if args.rounds_per_run < 1 or (args.rounds_per_run > 1 and not args.round_robin):
+        raise SystemExit("bench.adaptive: --rounds-per-run: a whole number >= 1, above 1 with --round-robin only")
     if args.freeze_gc and not args.interleave:
         raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
     if args.pin_cores and not args.interleave:
@@ -481,6 +490,8 @@ def main(argv=None):
         meta["session"] = datetime.datetime.now().isoformat(timespec="seconds")
     if args.round_robin:  # its rows never replace, nor are replaced by, rows measured a whole measurement per run
         meta["round_robin"] = True
+        if args.rounds_per_run > 1:
+            meta["rounds_per_run"] = args.rounds_per_run
     if args.freeze_gc:
         meta["freeze_gc"] = True
     # the working directory (this tree) and everything the servers' path had, after the other tree
@@ -574,11 +585,12 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
         if args.freeze_gc:
             freeze_gc(ready, args.real_pair)
         for i, batch in enumerate(args.batches):
-            if args.round_robin:  # every server warmed up first, then one round per run: run r on round r's prompts
+            if args.round_robin:  # every server warmed up first, then N rounds a run: run r on rounds rN .. rN + N - 1
                 for entry in measurement_order(ready, i, 1):
                     warm_up(entry[2].url, batch, True)
                 runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: measure(
-                    server.url, n, True, first_round=run, rounds=1, warm=False), before=rotate)
+                    server.url, n, True, first_round=run * args.rounds_per_run, rounds=args.rounds_per_run,
+                    warm=False), before=rotate)
             else:
                 runs = measure_in_turn(ready, i, batch, args.repeats,
                                        lambda server, n, run: measure(server.url, n, True), before=rotate)
@@ -586,7 +598,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")
                 if args.round_robin:
-                    result["rounds"] = len(runs[server.name])  # a round per run
+                    result["rounds"] = len(runs[server.name]) * args.rounds_per_run
                 rows.append(row(system, shape, batch, meta, attention, result, policy_state(server)))
             save(args.out, rows)
     finally:

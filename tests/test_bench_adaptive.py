@@ -260,6 +260,39 @@ def test_round_robin_takes_turns_round_by_round_on_the_same_prompts(tmp_path, mo
                       "0.540–1.819 |"]
 
 
+def test_rounds_per_run_makes_each_round_robin_run_several_rounds(tmp_path, monkeypatch):
+    """``--rounds-per-run N``: run r of every server is rounds rN .. rN + N - 1 (the same prompts for every server);
+    its rows are marked, labelled and never paired with or replaced by one-round rows; refused without
+    ``--round-robin`` or below 1."""
+    calls, servers = [], ServerLog()
+
+    def measure(url, batch, real=False, first_round=0, rounds=None, warm=True):
+        calls.append((url, batch, first_round, rounds, warm))
+        return {"tok_per_s": float(len(calls)), "accept_len": 2.0, "rounds": rounds, "longest_gap_ms": 1.0}
+
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "measure", measure)
+    monkeypatch.setattr(adaptive, "warm_up", lambda url, batch, real=False: None)
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    out = tmp_path / "sweep.json"
+    argv = ["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "--workdir", str(tmp_path),
+            "--out", str(out), "--real-pair", "--interleave", "--repeats", "2"]
+    for bad in (["--rounds-per-run", "4"], ["--round-robin", "--rounds-per-run", "0"]):
+        with pytest.raises(SystemExit, match="--rounds-per-run"):
+            adaptive.main([*argv, *bad])
+    adaptive.main([*argv, "--round-robin"])
+    adaptive.main([*argv, "--round-robin", "--rounds-per-run", "4"])
+    runs = [c for c in calls if c[0] == "nospec"]
+    assert runs == [("nospec", 1, 0, 1, False), ("nospec", 1, 1, 1, False),  # one round a run
+                    ("nospec", 1, 0, 4, False), ("nospec", 1, 4, 4, False)]  # rounds 0-3, then 4-7
+    rows = json.loads(out.read_text())
+    assert sorted((r["system"], r.get("rounds_per_run", 1), r["rounds"]) for r in rows) == [
+        ("eagle_triton_cost", 1, 2), ("eagle_triton_cost", 4, 8), ("nospec", 1, 2), ("nospec", 4, 8)]
+    paired = [line for line in out.with_suffix(".md").read_text().splitlines() if "} / " in line]
+    assert len(paired) == 2 and "{round-robin 4 rounds a run} / nospec {round-robin 4 rounds a run}" in "".join(paired)
+
+
 def test_measure_sends_each_rounds_prompts_after_the_warm_up(monkeypatch):
     """``measure``: the warm-up request (seed 99) and batch (seed 1), then round r on seed 0 (r = 0) or 100 + r;
     ``first_round`` / ``rounds`` / ``warm=False`` (a round-robin run) send that one round alone."""
