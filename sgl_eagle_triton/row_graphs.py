@@ -23,19 +23,21 @@ logger = logging.getLogger(__name__)
 
 
 class RowGraphs:
-    """``fn(*inputs)`` (no return value; it writes its results, e.g. into a KV pool) for inputs whose first dimension
-    is the batch: :meth:`capture` records one graph per size of ``sizes`` on views of static inputs shaped as
-    ``example``'s rows (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that
-    holds the batch after copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left
-    as they are) into input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``),
-    ``capturing(graph)`` is the context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
+    """``fn(*inputs)`` for inputs whose first dimension is the batch, writing its results (e.g. into a KV pool) or
+    returning them (a tuple of tensors whose first dimension is the batch: the replay returns the captured call's,
+    sliced to the batch's rows, valid until the next replay of that size): :meth:`capture` records one graph per
+    size of ``sizes`` on views of static inputs shaped as ``example``'s rows (dtypes and trailing shapes; zeros);
+    ``__call__`` replays the smallest captured size that holds the batch after copying the batch's rows in (cast to
+    the static dtypes) and writing ``pads[i]`` (None: left as they are) into input i's rows beyond the batch.
+    ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is the context that records into it
+    (default: ``torch.cuda.graph`` on ``pool``)."""
 
     def __init__(self, fn: Callable, sizes: Sequence[int], pads: Sequence[int | float | None],
                  graph: Callable = torch.cuda.CUDAGraph, capturing: Callable | None = None, pool=None):
         self.fn, self.sizes, self.pads = fn, sorted(set(sizes)), list(pads)
         self._graph, self._pool = graph, pool
         self._capturing = capturing or (lambda g: torch.cuda.graph(g, pool=self._pool))
-        self.graphs: dict[int, tuple[object, list[torch.Tensor]]] = {}
+        self.graphs: dict[int, tuple[object, list[torch.Tensor], tuple | None]] = {}  # size: graph, inputs, outputs
         self.replays = self.eager = self.mismatched = 0
 
     def capture(self, example: Sequence[torch.Tensor]) -> None:
@@ -53,11 +55,11 @@ class RowGraphs:
                 self.fn(*static)
                 graph = self._graph()
                 with self._capturing(graph):
-                    self.fn(*static)
-                self.graphs[size] = (graph, static)
+                    outputs = self.fn(*static)
+                self.graphs[size] = (graph, static, outputs)
 
     def _captured(self, rows: int):
-        """(graph, static inputs) of the smallest captured size >= ``rows``, or None."""
+        """(graph, static inputs, outputs) of the smallest captured size >= ``rows``, or None."""
         i = bisect.bisect_left(self.sizes, rows)
         return None if i == len(self.sizes) else self.graphs.get(self.sizes[i])
 
@@ -66,7 +68,7 @@ class RowGraphs:
         captured = self._captured(rows)
         return None if captured is None else captured[0]
 
-    def __call__(self, *inputs: torch.Tensor) -> None:
+    def __call__(self, *inputs: torch.Tensor) -> tuple | None:
         rows = inputs[0].shape[0]
         captured = self._captured(rows)
         if captured is not None and any(x.shape[1:] != given.shape[1:] for x, given in zip(captured[1], inputs,
@@ -78,12 +80,12 @@ class RowGraphs:
             captured = None
         if captured is None:
             self.eager += 1
-            self.fn(*inputs)
-            return
-        graph, static = captured
+            return self.fn(*inputs)
+        graph, static, outputs = captured
         for x, given, pad in zip(static, inputs, self.pads, strict=True):
             x[:rows].copy_(given)
             if pad is not None and rows < x.shape[0]:
                 x[rows:].fill_(pad)
         graph.replay()
         self.replays += 1
+        return None if outputs is None else tuple(x[:rows] for x in outputs)

@@ -41,6 +41,7 @@ error goes to the log and to ``/server_info`` (``internal_states[0]["eagle_trito
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -94,6 +95,7 @@ KERNELS_IN_USE = {
 FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
 GRAPH_EPILOGUE = "steps 0 token and draft kv fill in the target graph"
+LEAN_DRAFT = "lean draft phase (no prepare_for_draft)"
 
 _errors: list[str] = []
 
@@ -185,6 +187,7 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
                 "verify_tree_greedy": verify.verify_tree_greedy_func}
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
+_lean_draft = witnessed(lambda draft_worker, batch: draft_worker.lean_draft(batch), LEAN_DRAFT)
 _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
 # a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
 _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
@@ -194,6 +197,11 @@ def verify_graph_sizes(state) -> list[int]:
     """The batch sizes an adaptive runtime state's verify CUDA graphs were captured at, ascending (none without
     the state or its graphs)."""
     return sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
+
+
+def draft_graph_sizes(runner) -> list[int]:
+    """The batch sizes a draft CUDA graph runner (SGLang's ``EAGLEDraftCudaGraphRunner``) captured, ascending."""
+    return sorted(set(getattr(runner, "capture_bs", None) or ()))
 
 
 def without_draft_metadata(backend) -> None:
@@ -375,21 +383,31 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
     @property
     def fused_drafter(self) -> FusedDrafter:
-        """The drafter of the tree shape in force: (topk, speculative_num_steps, speculative_num_draft_tokens)
-        as SGLang has set them on this worker now, the topk an adaptive candidate's own (at most the server's, in
-        whose layout the drafter returns its tree: :func:`sgl_eagle_triton.drafter.in_tree_layout`). One drafter per
-        shape, made at first use; a drafter holds no buffers of its own."""
+        """The drafter of the tree shape in force (:meth:`drafter_shape`): one drafter per shape, made at first use;
+        a drafter holds no buffers of its own."""
+        return self.drafter_for(self.drafter_shape())
+
+    def drafter_shape(self, steps: int | None = None) -> tuple[int, int, int]:
+        """(topk, steps, draft tokens) of the shape in force as SGLang has set it on this worker now, or of the
+        adaptive candidate of ``steps`` (its own topk and draft tokens: at most the server's topk, in whose layout
+        the drafter returns its tree: :func:`sgl_eagle_triton.drafter.in_tree_layout`)."""
+        adaptive = settings(self.server_args).speculative_adaptive
+        if steps is not None:
+            topk, n = config.adaptive_tree(self.server_args, steps) if adaptive else (self.topk,
+                                                                                      self.speculative_num_draft_tokens)
+            return topk, steps, n
         steps = self.speculative_num_steps
-        topk = config.adaptive_tree(self.server_args, steps)[0] if settings(self.server_args).speculative_adaptive \
-            else self.topk
-        shape = (topk, steps, self.speculative_num_draft_tokens)
+        topk = config.adaptive_tree(self.server_args, steps)[0] if adaptive else self.topk
+        return topk, steps, self.speculative_num_draft_tokens
+
+    def drafter_for(self, shape: tuple[int, int, int]) -> FusedDrafter:
         drafter = self._drafters.get(shape)
         if drafter is None:
             weights, k_cache, v_cache, req_to_token, k_scale, v_scale = self._drafter_binding
             # a narrower state's scores in the server's layout serve only the draft check, refused with it
             drafter = self._drafters[shape] = FusedDrafter(weights, *shape, k_cache, v_cache, req_to_token,
                                                            k_scale, v_scale, tp=self._tensor_parallel,
-                                                           layout_topk=self.topk, keep_scores=topk == self.topk)
+                                                           layout_topk=self.topk, keep_scores=shape[0] == self.topk)
         return drafter
 
     def draft_forward(self, forward_batch):
@@ -427,16 +445,73 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
     _first_draft_checked = False
 
+    lean = False  # the draft phase is :meth:`lean_draft` (EagleTritonWorkerV2.start_lean_draft)
+    _lean_graphs: dict | None = None  # drafter shape -> RowGraphs of its tree (capture_lean_draft)
+
     def draft(self, batch, *args, **kwargs):
         check = not self._first_draft_checked and not batch.forward_mode.is_idle()
         before = RAN[BUILD_TREE]
+        lean = self.lean and not args and not kwargs and not batch.forward_mode.is_idle()
         with glue.swapped_build_tree(_build_tree):
-            result = super().draft(batch, *args, **kwargs)
+            result = _lean_draft(self, batch) if lean else super().draft(batch, *args, **kwargs)
         if check:  # our draft forward ran eagerly or was captured in the draft graph being replayed
             self._first_draft_checked = True
             _witness(FUSED_DRAFTER, 0, "the first draft (neither captured nor called)")
             _witness(BUILD_TREE, before, "the first draft")
         return result
+
+
+    # -- the lean draft phase (config.LEAN_DRAFT_ENV) ------------------------------------------------------------
+
+    def lean_draft(self, batch):
+        """SGLang's draft phase less its preparation: the fused drafter on the relayed draft input of ``batch``
+        (its ``spec_info``: ``topk_p`` [bs, K] fp32, ``topk_index`` [bs, K] int64, ``hidden_states`` [bs, H]; each
+        request's K rows at position ``seq_lens``), replayed from :meth:`capture_lean_draft`'s graph of the batch's
+        size where there is one, then SGLang's ``build_eagle_verify_input``. Skips ``prepare_for_draft`` (the draft
+        KV slots, which our drafter does not write: it keeps each step's K / V in buffers of its own; positions;
+        ``ForwardBatch.init_new``) and the draft graph runner's input copies and padding."""
+        draft_input, seq_lens = batch.spec_info, batch.seq_lens
+        rows = (draft_input.topk_p, draft_input.topk_index, draft_input.hidden_states,
+                seq_lens.unsqueeze(1).expand(seq_lens.shape[0], self.topk), seq_lens, batch.req_pool_indices)
+        shape = self.drafter_shape()
+        graphs = None if self._lean_graphs is None else self._lean_graphs.get(shape)
+        tree = graphs(*rows) if graphs is not None else self.lean_tree(self.drafter_for(shape), *rows)
+        return glue.build_verify_input(self, batch, *tree)
+
+    def lean_tree(self, drafter, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
+        """``(parent_list, top_scores_index, draft_tokens)`` of ``drafter`` for rows given batch first: positions
+        [bs, K] int64 (copied where it is a broadcast view, one row's included: the drafter's kernels read it as
+        contiguous and advance it in place)."""
+        tree = _fused_draft(drafter, topk_p, topk_index, hidden, positions.reshape(-1).contiguous(), seq_lens,
+                            req_pool_indices)
+        return tuple(tree[:3])
+
+    def capture_lean_draft(self, shapes: dict, **graph_options) -> None:
+        """:meth:`lean_tree` of each drafter shape of ``shapes`` ({shape: batch sizes}) as one CUDA graph per size
+        (:class:`~sgl_eagle_triton.row_graphs.RowGraphs`: a batch in between runs padded, its extra rows a request
+        of length 1 in SGLang's padding row 0 of the request pool; a larger one eager). Captured inside SGLang's
+        ``graph_capture`` unless ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are given."""
+        w = self.fused_drafter.w
+        device, k = w.embed.device, self.topk
+        example = (torch.zeros(1, k, dtype=torch.float32, device=device),
+                   torch.zeros(1, k, dtype=torch.int64, device=device),
+                   torch.zeros(1, w.hidden_size, dtype=w.dtype, device=device),
+                   torch.ones(1, k, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.int64, device=device),
+                   torch.zeros(1, dtype=torch.int64, device=device))
+        pads = (0.0, 0, None, 1, 1, 0)
+        self._lean_graphs = {}
+        for shape, sizes in shapes.items():
+            tree = functools.partial(self.lean_tree, self.drafter_for(shape))
+            if graph_options:
+                graphs = RowGraphs(tree, sizes, pads, **graph_options)
+                graphs.capture(example)
+            else:
+                pool = torch.cuda.graph_pool_handle()
+                with glue.graph_capture() as context:
+                    graphs = RowGraphs(tree, sizes, pads, capturing=lambda g, pool=pool, context=context:
+                                       torch.cuda.graph(g, pool=pool, stream=context.stream))
+                    graphs.capture(example)
+            self._lean_graphs[shape] = graphs
 
 
 class EagleTritonWorkerV2(EAGLEWorkerV2):
@@ -570,6 +645,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.start_plain_off()
         self.compile_eager_kernels()
         self.capture_draft_kv()
+        self.start_lean_draft()
         if self.cost_policy is None:
             return
         states = self.adaptive_controller._states
@@ -648,6 +724,41 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.draft_worker.capture_draft_kv(sizes)
         logger.info("%s: steps 0's draft KV fill captured at %d batch sizes (up to %d) in %.1f s", ALGORITHM_NAME,
                     len(sizes), sizes[-1], time.perf_counter() - tic)
+
+    def start_lean_draft(self) -> None:
+        """Under ``config.LEAN_DRAFT_ENV=1``: every drafting state's draft phase as
+        :meth:`TritonEagleDraftWorker.lean_draft`, its drafter captured at the batch sizes of the state's draft
+        graphs (none with CUDA graphs off: eager). Refused (RuntimeError naming what to change) where SGLang's
+        draft phase does more than our drafter replaces: its preparation plans the verify's KV window (SGLang
+        0.5.22+), it seeds DSA's top-k, or a KV canary checks its forwards."""
+        if not config.lean_draft():
+            return
+        dw = self.draft_worker
+        why = None
+        if problems := glue.lean_draft_problems():
+            why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
+        elif getattr(dw, "seed_dsa_topk_from_draft_extend", False):
+            why = "the draft seeds DSA's top-k from the draft extend"
+        elif getattr(dw.draft_runner, "canary_manager", None) is not None:
+            why = "a KV canary checks the draft's forwards"
+        if why is not None:
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_DRAFT_ENV}=1, but {why}. "
+                               f"Unset {config.LEAN_DRAFT_ENV}.")
+        controller = self.adaptive_controller
+        if controller is None:
+            runners = {self.speculative_num_steps: dw.cuda_graph_runner} if self.speculative_num_steps else {}
+        else:
+            runners = {s: state.cuda_graph_runner for s, state in controller._states.items() if s}
+        shapes = {dw.drafter_shape(s if controller is not None else None): draft_graph_sizes(runner)
+                  for s, runner in runners.items()}
+        captured = {shape: sizes for shape, sizes in shapes.items() if sizes}
+        tic = time.perf_counter()
+        if captured and not settings(self.server_args).disable_cuda_graph:
+            dw.capture_lean_draft(captured)
+        dw.lean = True
+        logger.info("%s: the draft phase runs without SGLang's prepare_for_draft (%s=1): drafter graphs of %d "
+                    "shape(s) captured in %.1f s", ALGORITHM_NAME, config.LEAN_DRAFT_ENV, len(dw._lean_graphs or {}),
+                    time.perf_counter() - tic)
 
     def compile_eager_kernels(self) -> None:
         """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the

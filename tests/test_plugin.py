@@ -633,6 +633,29 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         config._validate(Overlay(args.record, tp_size=2))
 
 
+def test_the_lean_draft_is_asked_for_with_1_on_one_gpu_without_the_draft_check_or_paged_trees(monkeypatch):
+    """SGLANG_EAGLE_TRITON_LEAN_DRAFT (the draft phase without SGLang's prepare_for_draft): 0 or 1; 1 refused under
+    --tp > 1, with the draft check, and with page size > 1 and topk > 1, each refusal naming what to change."""
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "on")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_LEAN_DRAFT='on'.*Give 1"):
+        _args()
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
+    _args()
+    assert not config.lean_draft()
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "1")
+    args = _args()
+    assert config.lean_draft()
+    with pytest.raises(EagleTritonConfigError, match=re.escape("LEAN_DRAFT=1 with --tp 2") + ".*Use --tp 1"):
+        config._validate(Overlay(args.record, tp_size=2))
+    with pytest.raises(EagleTritonConfigError, match=re.escape("LEAN_DRAFT=1 with --page-size 16 and "
+                                                               "--speculative-eagle-topk 4") + ".*Use --page-size 1"):
+        config._validate(Overlay(args.record, page_size=16, speculative_eagle_topk=4))
+    config._validate(Overlay(args.record, page_size=16, speculative_eagle_topk=1, attention_backend="triton"))
+    monkeypatch.setenv(config.DRAFT_CHECK_ENV, "/tmp/check.jsonl")
+    with pytest.raises(EagleTritonConfigError, match="LEAN_DRAFT=1 with SGLANG_EAGLE_TRITON_DRAFT_CHECK.*Unset"):
+        _args("--disable-cuda-graph")
+
+
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "wave", "torch_native"])
 def test_rocm_refuses_attention_backends_it_does_not_serve(monkeypatch, backend):
     """On a ROCm build of torch (faked here): a backend other than triton and aiter is refused at start, naming what

@@ -134,3 +134,36 @@ def test_real_cuda_graphs_fill_as_the_eager_call():
         eager_fill(*inputs)
         torch.cuda.synchronize()
         assert torch.equal(pool[1:], eager_pool[1:]), n
+
+
+def test_a_function_that_returns_its_results_gets_the_captured_outputs_sliced_to_the_batch(device):
+    """``fn`` returning a tuple (the lean draft's tree): a replay returns the captured call's outputs, sliced to the
+    batch's rows and written by that replay (on the CPU the stand-in writes them again); eager above the largest
+    size returns fn's own; a fill returns None."""
+    calls = []
+
+    def tree(a, b):
+        out = (a * 10 + b, (a - b).sum(-1, keepdim=True))
+
+        def run():  # what a replay recomputes into the captured outputs
+            out[0].copy_(a * 10 + b)
+            out[1].copy_((a - b).sum(-1, keepdim=True))
+        calls.append(run)
+        return out
+
+    if device == "cuda":
+        graphs = RowGraphs(tree, [1, 2, 4], (0, 0))
+    else:
+        graphs = RowGraphs(tree, [1, 2, 4], (0, 0), graph=RecordedGraph, capturing=recording(calls))
+    graphs.capture((torch.zeros(1, 3, dtype=torch.int64, device=device), torch.zeros(1, 3, dtype=torch.int64,
+                                                                                     device=device)))
+    gen = torch.Generator().manual_seed(3)
+    for n in (3, 1, 4, 6):
+        a, b = (torch.randint(0, 9, (n, 3), generator=gen).to(device) for _ in range(2))
+        got = graphs(a, b)
+        assert [x.shape[0] for x in got] == [n, n]
+        assert torch.equal(got[0], a * 10 + b) and torch.equal(got[1], (a - b).sum(-1, keepdim=True))
+    assert graphs.replays == 3 and graphs.eager == 1
+    pool, _, fills = graphs_for(device)
+    ids = torch.ones(2, dtype=torch.int64, device=device)
+    assert fills(ids, torch.zeros(2, 3, device=device), ids, ids) is None

@@ -880,3 +880,116 @@ def test_the_draft_decode_metadata_nobody_reads_is_not_computed(monkeypatch):
     made[-1].init_forward_metadata_out_graph("fb")
     made[-1].init_forward_metadata("fb")
     assert made[-1].calls == [("out_graph", False), ("eager", False)]
+
+
+# --- the lean draft phase (config.LEAN_DRAFT_ENV) -------------------------------------------------------------------
+
+
+def _recorded_trees(dw):
+    """dw.lean_tree wrapped for the CPU stand-in graphs: each call records a replay that recomputes the tree from the
+    (static) inputs as they are then, into the outputs the captured call returned."""
+    from tests.test_row_graphs import RecordedGraph, recording
+
+    calls, tree = [], dw.lean_tree
+
+    def recorded(drafter, *rows):
+        out = tree(drafter, *rows)
+        calls.append(lambda: [o.copy_(n) for o, n in zip(out, tree(drafter, *rows), strict=True)])
+        return out
+
+    dw.lean_tree = recorded
+    return {"graph": RecordedGraph, "capturing": recording(calls)}
+
+
+def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(fresh_counts, device, monkeypatch):
+    """lean_draft: SGLang's build_eagle_verify_input gets the tree the fused drafter makes of the relayed draft
+    input at positions seq_lens (what SGLang's prepare_for_draft sets), for batches of 1-5 requests with ragged
+    lengths replayed from graphs of 1, 2, 4 (3 padded into 4, 5 eager above the largest) and eagerly without graphs;
+    dispatched by draft() for a decode batch only, and counted."""
+    w, gen = random_draft(True, device, seed=21)
+    pool = random_batch(w, 5, TOPK, STEPS, [9, 4, 30, 1, 17], gen, device)
+    built = []
+
+    def build_eagle_verify_input(batch, draft_input, parent_list, top_scores_index, draft_tokens, draft_probs, **kw):
+        built.append((parent_list.clone(), top_scores_index.clone(), draft_tokens.clone(), draft_probs, kw))
+        return "verify input"
+
+    monkeypatch.setattr(sglang.srt.speculative.eagle_worker_v2, "build_eagle_verify_input", build_eagle_verify_input)
+    graphed, eager = _bound_draft_worker(w, pool), _bound_draft_worker(w, pool)
+    for dw in (graphed, eager):
+        dw.lean, dw.target_worker, dw.tree_mask_mode, dw.device = True, "target", "mode", device
+    shape = graphed.drafter_shape()
+    if device == "cuda":
+        graphed.capture_lean_draft({shape: [1, 2, 4]}, capturing=lambda g: torch.cuda.graph(g))
+    else:
+        graphed.capture_lean_draft({shape: [1, 2, 4]}, **_recorded_trees(graphed))
+    monkeypatch.setattr(EagleDraftWorker, "draft", lambda self, batch: "stock")
+    for rows in ([2], [4, 0, 3], [1, 3], [0, 1, 2, 3, 4], [3, 2, 1, 0]):
+        idx = torch.tensor(rows, device=device)
+        spec_info = SimpleNamespace(topk_p=pool["topk_p"][idx], topk_index=pool["topk_index"][idx],
+                                    hidden_states=pool["hidden"][idx])
+        batch = SimpleNamespace(spec_info=spec_info, seq_lens=pool["seq_lens"][idx],
+                                req_pool_indices=pool["req_pool_indices"][idx], forward_mode=fake_sglang.ForwardMode())
+        expected = graphed.fused_drafter.draft(spec_info.topk_p, spec_info.topk_index, spec_info.hidden_states,
+                                               batch.seq_lens.repeat_interleave(TOPK), batch.seq_lens,
+                                               batch.req_pool_indices)
+        for dw in (graphed, eager):
+            built.clear()
+            assert dw.draft(batch) == "verify input"
+            (tree, kw), = [(b[:3], b[4]) for b in built]
+            assert all(torch.equal(t, e) for t, e in zip(tree, expected[:3], strict=True)), (rows, dw is graphed)
+            assert built[0][3] is None and kw == dict(target_worker="target", topk=TOPK, num_steps=STEPS,
+                                                      num_draft_tokens=N, tree_mask_mode="mode", device=device)
+    graphs = graphed._lean_graphs[shape]
+    assert (graphs.replays, graphs.eager, graphs.mismatched) == (4, 1, 0)
+    assert fresh_counts[worker.LEAN_DRAFT] == 10
+    idle = SimpleNamespace(forward_mode=fake_sglang.ForwardMode(idle=True))
+    assert graphed.draft(idle) == "stock" and fresh_counts[worker.LEAN_DRAFT] == 10  # SGLang's for an idle batch
+    graphed.lean = False
+    assert graphed.draft(batch) == "stock"  # not asked for: SGLang's draft phase
+
+
+def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes_or_refuses(monkeypatch, caplog):
+    """EagleTritonWorkerV2.start_lean_draft: nothing unless SGLANG_EAGLE_TRITON_LEAN_DRAFT=1; then each drafting
+    state's drafter shape captured at its draft graphs' sizes (static: the one shape), none with CUDA graphs off (the
+    lean phase eager); refused, naming the variable, where SGLang's preparation plans the verify's KV window
+    (0.5.22+), DSA seeds its top-k, or a KV canary watches the draft."""
+    captured = []
+    dw = SimpleNamespace(capture_lean_draft=captured.append, lean=False, _lean_graphs=None,
+                         draft_runner=SimpleNamespace(canary_manager=None), seed_dsa_topk_from_draft_extend=False,
+                         drafter_shape=lambda steps=None: (1, steps if steps is not None else 3, 4),
+                         cuda_graph_runner=SimpleNamespace(capture_bs=[4, 1, 2]))
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._draft_worker, w.adaptive_controller, w.speculative_num_steps = dw, None, 3
+    w.server_args = SimpleNamespace(disable_cuda_graph=False)
+    monkeypatch.delenv(config.LEAN_DRAFT_ENV, raising=False)
+    w.start_lean_draft()
+    assert not dw.lean and captured == []
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "1")
+    monkeypatch.setattr(worker.glue, "lean_draft_problems", lambda: [])
+    w.start_lean_draft()
+    assert dw.lean and captured == [{(1, 3, 4): [1, 2, 4]}]
+    states = {0: SimpleNamespace(cuda_graph_runner=None), 1: SimpleNamespace(cuda_graph_runner=None),
+              5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]))}
+    w.adaptive_controller = SimpleNamespace(_states=states)
+    w.start_lean_draft()  # steps 0 drafts nothing; a state without draft graphs runs its drafter eagerly
+    assert captured[-1] == {(1, 5, 4): [1, 8]}
+    w.server_args.disable_cuda_graph = True
+    w.start_lean_draft()
+    assert len(captured) == 2 and dw.lean
+    for attr, value, why in ((worker.glue, "lean_draft_problems", "touchpoints moved: moved"),
+                             (dw, "seed_dsa_topk_from_draft_extend", "seeds DSA"),
+                             (dw.draft_runner, "canary_manager", "a KV canary")):
+        with monkeypatch.context() as patch:
+            patch.setattr(attr, value, (lambda: ["moved"]) if attr is worker.glue else True)
+            with pytest.raises(RuntimeError, match=f"LEAN_DRAFT=1, but .*{why}.*Unset SGLANG_EAGLE_TRITON_LEAN"):
+                w.start_lean_draft()
+
+
+def test_the_lean_draft_glue_holds_where_prepare_for_draft_plans_no_kv_window():
+    """glue.lean_draft_problems: none on the SGLang releases whose prepare_for_draft plans no KV window (0.5.17 -
+    0.5.21); on 0.5.22+ (``target_translator``: a chain's kv_loc_plan) the lean draft is refused."""
+    plans = "target_translator" in __import__("inspect").signature(eagle_worker_common.prepare_for_draft).parameters
+    problems = worker.glue.lean_draft_problems()
+    assert (problems != []) == plans, problems
+    assert all("plans the verify's KV window" in p for p in problems)

@@ -94,6 +94,19 @@ PLAIN_OFF_FIELDS = (
                              "indexer_topk_output", "extra_keep_alive_refs")),
 )
 
+# The lean draft phase (config.LEAN_DRAFT_ENV=1, TritonEagleDraftWorker.draft): SGLang's draft must still end in
+# build_eagle_verify_input, which takes these; its prepare_for_draft must not plan the verify's KV window (0.5.22+
+# returns a kv_loc_plan for chains, which the lean phase would not make: declined there)
+LEAN_DRAFT_CALL_SITES = (
+    (EagleDraftWorker, "draft", eagle_worker_v2, "build_eagle_verify_input"),
+)
+LEAN_DRAFT_SIGNATURES = (
+    (eagle_worker_v2, "build_eagle_verify_input", (("batch", "draft_input", "parent_list", "top_scores_index",
+                                                         "draft_tokens", "draft_probs", "target_worker", "topk",
+                                                         "num_steps", "num_draft_tokens", "tree_mask_mode",
+                                                         "device"),)),
+)
+
 # ... and, for its graph epilogue (greedy token and draft KV fill at the end of steps 0's target graphs), SGLang's
 # capture must still run the model runner's tail hooks (``capture_tail_hooks``, as its DSpark verify epilogue)
 GRAPH_EPILOGUE_CALL_SITES = (
@@ -418,6 +431,29 @@ def publish_read_done(worker) -> None:
     event = torch.get_device_module(worker.device).Event()
     event.record()
     setattr(runner, name, event)
+
+
+def lean_draft_problems() -> list[str]:
+    """What keeps the lean draft phase out (empty when nothing does): its call site and signature
+    (:data:`LEAN_DRAFT_CALL_SITES`, :data:`LEAN_DRAFT_SIGNATURES`), or a ``prepare_for_draft`` that plans the
+    verify's KV window (``target_translator``: SGLang 0.5.22+)."""
+    problems = _reach_and_signature_problems(LEAN_DRAFT_CALL_SITES, LEAN_DRAFT_SIGNATURES)
+    prepare = getattr(eagle_worker_common, "prepare_for_draft", None)
+    if prepare is None or "target_translator" in inspect.signature(prepare).parameters:
+        problems.append(f"{eagle_worker_common.__name__}.prepare_for_draft plans the verify's KV window (or is "
+                        "missing): the draft phase cannot skip it")
+    return problems
+
+
+def build_verify_input(draft_worker, batch, parent_list, top_scores_index, draft_tokens):
+    """SGLang's ``build_eagle_verify_input`` of ``batch`` (its ``spec_info``: the relayed draft input) for the tree
+    ``parent_list`` / ``top_scores_index`` / ``draft_tokens`` [bs, ...] int64 (the fused drafter's), in
+    ``draft_worker``'s shape and tree-mask mode, as SGLang's draft phase ends."""
+    return eagle_worker_v2.build_eagle_verify_input(
+        batch, batch.spec_info, parent_list, top_scores_index, draft_tokens, None,
+        target_worker=draft_worker.target_worker, topk=draft_worker.topk,
+        num_steps=draft_worker.speculative_num_steps, num_draft_tokens=draft_worker.speculative_num_draft_tokens,
+        tree_mask_mode=draft_worker.tree_mask_mode, device=draft_worker.device)
 
 
 def graph_epilogue_problems(model_runner) -> list[str]:
