@@ -124,6 +124,9 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_before": ("EAGLE_TRITON", "cost"),
     "eagle_triton_off_before": ("EAGLE_TRITON", "off"),
     "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
+    # the lean draft phase (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_DRAFT=1) beside eagle_triton / eagle_triton_cost
+    "eagle_triton_lean": ("EAGLE_TRITON", None),
+    "eagle_triton_cost_lean": ("EAGLE_TRITON", "cost"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
               "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
@@ -131,8 +134,11 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_off": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
-              "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"}}
+              "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
+              "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree
+LEAN_SYSTEMS = [system for system in SYSTEMS if system.endswith("_lean")]  # asked for by name only
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:
@@ -393,7 +399,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive.json")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
-                        default=[s for s in SYSTEMS if s not in BEFORE_SYSTEMS])
+                        default=[s for s in SYSTEMS if s not in BEFORE_SYSTEMS and s not in LEAN_SYSTEMS])
     parser.add_argument("--shapes", nargs="+", default=[(5, 8, 32), (4, 4, 16), (3, 1, 4)],  # large, mid, chain
                         type=lambda s: tuple(int(x) for x in s.split(",")), help="static systems' trees")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])

@@ -27,7 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.demo import kernel_lines, parse_metrics
+from sgl_eagle_triton.worker import LEAN_DRAFT
 from tests.e2e import (
     ACCEPT_SHARE,
     CHAT_TOKENS,
@@ -130,6 +132,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
             floor = TRAINED_ACCEPT_LENGTH[parallel][steps, topk, n] * (1 - ACCEPT_MARGIN[parallel])
             assert min(entry["accept_length"].values()) >= floor, (key, entry["accept_length"], floor)
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
+        # with SGLANG_EAGLE_TRITON_LEAN_DRAFT=1 exported for the run, the draft phase was the lean one
+        assert not config.lean_draft() or report_state["ran"].get(LEAN_DRAFT, 0) > 0, report_state
 
 
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])
