@@ -25,12 +25,12 @@ logger = logging.getLogger(__name__)
 class RowGraphs:
     """``fn(*inputs)`` for inputs whose first dimension is the batch, writing its results (e.g. into a KV pool) or
     returning them (a tuple of tensors whose first dimension is the batch: the replay returns the captured call's,
-    sliced to the batch's rows, valid until the next replay of that size): :meth:`capture` records one graph per
-    size of ``sizes`` on views of static inputs shaped as ``example``'s rows (dtypes and trailing shapes; zeros);
-    ``__call__`` replays the smallest captured size that holds the batch after copying the batch's rows in (cast to
-    the static dtypes) and writing ``pads[i]`` (None: left as they are) into input i's rows beyond the batch.
-    ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is the context that records into it
-    (default: ``torch.cuda.graph`` on ``pool``)."""
+    sliced to the batch's rows, valid until the next replay of any size: the sizes share one memory pool):
+    :meth:`capture` records one graph per size of ``sizes`` on views of static inputs shaped as ``example``'s rows
+    (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that holds the batch after
+    copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left as they are) into
+    input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is the
+    context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
 
     def __init__(self, fn: Callable, sizes: Sequence[int], pads: Sequence[int | float | None],
                  graph: Callable = torch.cuda.CUDAGraph, capturing: Callable | None = None, pool=None):

@@ -480,17 +480,18 @@ class TritonEagleDraftWorker(EagleDraftWorker):
 
     def lean_tree(self, drafter, topk_p, topk_index, hidden, positions, seq_lens, req_pool_indices):
         """``(parent_list, top_scores_index, draft_tokens)`` of ``drafter`` for rows given batch first: positions
-        [bs, K] int64 (copied where it is a broadcast view, one row's included: the drafter's kernels read it as
-        contiguous and advance it in place)."""
-        tree = _fused_draft(drafter, topk_p, topk_index, hidden, positions.reshape(-1).contiguous(), seq_lens,
+        [bs, K] int64, copied before the drafter advances its copy in place (a broadcast of ``seq_lens`` is a view of
+        the batch's own sequence lengths at K = 1, and its kernels read positions as contiguous)."""
+        tree = _fused_draft(drafter, topk_p, topk_index, hidden, positions.reshape(-1).clone(), seq_lens,
                             req_pool_indices)
         return tuple(tree[:3])
 
     def capture_lean_draft(self, shapes: dict, **graph_options) -> None:
         """:meth:`lean_tree` of each drafter shape of ``shapes`` ({shape: batch sizes}) as one CUDA graph per size
         (:class:`~sgl_eagle_triton.row_graphs.RowGraphs`: a batch in between runs padded, its extra rows a request
-        of length 1 in SGLang's padding row 0 of the request pool; a larger one eager). Captured inside SGLang's
-        ``graph_capture`` unless ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are given."""
+        of length 1 in SGLang's padding row 0 of the request pool, zero inputs; a larger one eager). Captured inside
+        SGLang's ``graph_capture`` unless ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are
+        given."""
         w = self.fused_drafter.w
         device, k = w.embed.device, self.topk
         example = (torch.zeros(1, k, dtype=torch.float32, device=device),
@@ -498,17 +499,17 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                    torch.zeros(1, w.hidden_size, dtype=w.dtype, device=device),
                    torch.ones(1, k, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.int64, device=device),
                    torch.zeros(1, dtype=torch.int64, device=device))
-        pads = (0.0, 0, None, 1, 1, 0)
+        pads = (0.0, 0, 0.0, 1, 1, 0)  # padding rows: request 0 (never a real request's) of length 1
         self._lean_graphs = {}
+        pool = None if graph_options else torch.cuda.graph_pool_handle()  # all shapes': one replays at a time
         for shape, sizes in shapes.items():
             tree = functools.partial(self.lean_tree, self.drafter_for(shape))
             if graph_options:
                 graphs = RowGraphs(tree, sizes, pads, **graph_options)
                 graphs.capture(example)
             else:
-                pool = torch.cuda.graph_pool_handle()
                 with glue.graph_capture() as context:
-                    graphs = RowGraphs(tree, sizes, pads, capturing=lambda g, pool=pool, context=context:
+                    graphs = RowGraphs(tree, sizes, pads, capturing=lambda g, context=context:
                                        torch.cuda.graph(g, pool=pool, stream=context.stream))
                     graphs.capture(example)
             self._lean_graphs[shape] = graphs

@@ -993,3 +993,32 @@ def test_the_lean_draft_glue_holds_where_prepare_for_draft_plans_no_kv_window():
     problems = worker.glue.lean_draft_problems()
     assert (problems != []) == plans, problems
     assert all("plans the verify's KV window" in p for p in problems)
+
+
+def test_a_chain_lean_draft_leaves_the_batchs_sequence_lengths_alone(fresh_counts, device, monkeypatch):
+    """topk 1 (a chain): the positions handed to the drafter, a broadcast of seq_lens, are a view of the batch's own
+    sequence lengths, which the drafter advances in place; the lean draft copies them, eager and graphed."""
+    w, gen = random_draft(True, device, seed=23)
+    pool = random_batch(w, 3, 1, STEPS, [9, 4, 30], gen, device)
+    built = []
+    monkeypatch.setattr(sglang.srt.speculative.eagle_worker_v2, "build_eagle_verify_input",
+                        lambda batch, draft_input, *tree, **kw: built.append([t.clone() for t in tree[:3]]))
+    dw = _bound_draft_worker(w, pool, n=STEPS + 1)
+    dw.topk, dw.server_args.speculative_eagle_topk = 1, 1
+    dw.lean, dw.target_worker, dw.tree_mask_mode, dw.device = True, None, None, device
+    seq_lens = pool["seq_lens"].clone()
+    spec_info = SimpleNamespace(topk_p=pool["topk_p"], topk_index=pool["topk_index"], hidden_states=pool["hidden"])
+    batch = SimpleNamespace(spec_info=spec_info, seq_lens=pool["seq_lens"], req_pool_indices=pool["req_pool_indices"],
+                            forward_mode=fake_sglang.ForwardMode())
+    expected = dw.fused_drafter.draft(pool["topk_p"], pool["topk_index"], pool["hidden"], seq_lens.clone(), seq_lens,
+                                      pool["req_pool_indices"])
+    dw.draft(batch)  # eager
+    if device == "cuda":
+        dw.capture_lean_draft({dw.drafter_shape(): [4]}, capturing=lambda g: torch.cuda.graph(g))
+    else:
+        dw.capture_lean_draft({dw.drafter_shape(): [4]}, **_recorded_trees(dw))
+    dw.draft(batch)  # graphed, padded
+    assert torch.equal(batch.seq_lens, seq_lens)
+    for tree in built:
+        assert all(torch.equal(t, e) for t, e in zip(tree, expected[:3], strict=True))
+    assert len(built) == 2 and dw._lean_graphs[dw.drafter_shape()].replays == 1
