@@ -653,6 +653,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         replay = {}
         for steps, state in sorted(states.items()):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
+            if steps > 0 and getattr(self.draft_worker, "lean", False):  # the lean draft phase replays our drafter's
+                # graphs (start_lean_draft, before this), not SGLang's draft graphs
+                lean = self.draft_worker._lean_graphs or {}
+                runners = (lean.get(self.draft_worker.drafter_shape(steps)), *runners[1:])
             if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker), in
                 # its target graphs where they end with the fill (off_step.GraphEpilogue)
                 in_graph = self.plain_off is not None and self.plain_off.epilogue is not None

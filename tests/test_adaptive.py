@@ -547,6 +547,13 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: {} if n == 4 else {1: 1.0})
     with pytest.raises(RuntimeError, match=r"no CUDA graph to time for steps \[3\]"):
         w.init_cuda_graphs()
+    # the lean draft phase (SGLANG_EAGLE_TRITON_LEAN_DRAFT=1): a drafting state's draft graphs are our drafter's
+    w._draft_worker = SimpleNamespace(_fill_graphs="f0", lean=True, _lean_graphs={(1, 3, 4): "L3"},
+                                      drafter_shape=lambda steps: (1, steps, steps + 1))
+    seen.clear()
+    monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append(runners) or {1: 1.0})
+    w.init_cuda_graphs()
+    assert seen == [(states[0].target_graph_runner, "f0"), ("L3", states[3].target_graph_runner, "e3")]
 
 
 def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device, monkeypatch):
