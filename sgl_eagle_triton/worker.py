@@ -204,6 +204,21 @@ def draft_graph_sizes(runner) -> list[int]:
     return sorted(set(getattr(runner, "capture_bs", None) or ()))
 
 
+def captured_row_graphs(fn, sizes, pads, example, pool=None, **graph_options) -> RowGraphs:
+    """:class:`~sgl_eagle_triton.row_graphs.RowGraphs` of ``fn`` captured at ``sizes`` on ``example``'s rows: inside
+    SGLang's ``graph_capture`` (which lets collectives be captured), into ``pool`` (default: a new graph pool), unless
+    ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are given."""
+    if graph_options:
+        graphs = RowGraphs(fn, sizes, pads, **graph_options)
+        graphs.capture(example)
+        return graphs
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
+    with glue.graph_capture() as context:
+        graphs = RowGraphs(fn, sizes, pads, capturing=lambda g: torch.cuda.graph(g, pool=pool, stream=context.stream))
+        graphs.capture(example)
+    return graphs
+
+
 def without_draft_metadata(backend) -> None:
     """Turn off, on SGLang's multi-step draft decode attention ``backend`` (the instance), the metadata it computes
     before every draft (``init_forward_metadata_out_graph`` at a CUDA-graph replay: on the triton backend the KV
@@ -338,16 +353,7 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                    torch.zeros(1, self._target_hidden_width(), dtype=w.dtype, device=device),
                    torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device))
         pads = (0, None, 0, 0)  # token 0 at position 0 into the padding slot 0; stale hidden rows are harmless
-        if graph_options:
-            graphs = RowGraphs(self._fill_rows, sizes, pads, **graph_options)
-            graphs.capture(example)
-        else:
-            pool = torch.cuda.graph_pool_handle()
-            with glue.graph_capture() as context:
-                graphs = RowGraphs(self._fill_rows, sizes, pads, capturing=lambda g: torch.cuda.graph(
-                    g, pool=pool, stream=context.stream))
-                graphs.capture(example)
-        self._fill_graphs = graphs
+        self._fill_graphs = captured_row_graphs(self._fill_rows, sizes, pads, example, **graph_options)
 
     def _target_hidden_width(self) -> int:
         """The width of the hidden states the target hands a steps-0 fill: EAGLE-3 with the target's auxiliary
@@ -460,7 +466,6 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             _witness(BUILD_TREE, before, "the first draft")
         return result
 
-
     # -- the lean draft phase (config.LEAN_DRAFT_ENV) ------------------------------------------------------------
 
     def lean_draft(self, batch):
@@ -500,19 +505,10 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                    torch.ones(1, k, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.int64, device=device),
                    torch.zeros(1, dtype=torch.int64, device=device))
         pads = (0.0, 0, 0.0, 1, 1, 0)  # padding rows: request 0 (never a real request's) of length 1
-        self._lean_graphs = {}
         pool = None if graph_options else torch.cuda.graph_pool_handle()  # all shapes': one replays at a time
-        for shape, sizes in shapes.items():
-            tree = functools.partial(self.lean_tree, self.drafter_for(shape))
-            if graph_options:
-                graphs = RowGraphs(tree, sizes, pads, **graph_options)
-                graphs.capture(example)
-            else:
-                with glue.graph_capture() as context:
-                    graphs = RowGraphs(tree, sizes, pads, capturing=lambda g, context=context:
-                                       torch.cuda.graph(g, pool=pool, stream=context.stream))
-                    graphs.capture(example)
-            self._lean_graphs[shape] = graphs
+        self._lean_graphs = {shape: captured_row_graphs(functools.partial(self.lean_tree, self.drafter_for(shape)),
+                                                        sizes, pads, example, pool, **graph_options)
+                             for shape, sizes in shapes.items()}
 
 
 class EagleTritonWorkerV2(EAGLEWorkerV2):
