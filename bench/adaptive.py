@@ -124,9 +124,12 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_before": ("EAGLE_TRITON", "cost"),
     "eagle_triton_off_before": ("EAGLE_TRITON", "off"),
     "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
-    # the lean draft phase (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_DRAFT=1) beside eagle_triton / eagle_triton_cost
+    # the lean draft phase required (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_DRAFT=1; the default wherever it can run),
+    # and SGLang's draft phase instead (=0), beside eagle_triton / eagle_triton_cost
     "eagle_triton_lean": ("EAGLE_TRITON", None),
     "eagle_triton_cost_lean": ("EAGLE_TRITON", "cost"),
+    "eagle_triton_sglang_draft": ("EAGLE_TRITON", None),
+    "eagle_triton_cost_sglang_draft": ("EAGLE_TRITON", "cost"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
               "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
@@ -136,9 +139,12 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
-              "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"}}
+              "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
+              "eagle_triton_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"},
+              "eagle_triton_cost_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree
-LEAN_SYSTEMS = [system for system in SYSTEMS if system.endswith("_lean")]  # asked for by name only
+# asked for by name only: the draft phase pinned either way
+LEAN_SYSTEMS = [system for system in SYSTEMS if system.endswith(("_lean", "_sglang_draft"))]
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:

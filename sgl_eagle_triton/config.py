@@ -65,9 +65,12 @@ CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
 PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
 PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> plain_off_mode()
-# 1: the drafting states' draft phase as our fused drafter on the relayed draft input, without SGLang's
-# prepare_for_draft and draft graph runner (worker.TritonEagleDraftWorker.draft); unset or 0: SGLang's draft phase
+# The lean draft phase: the drafting states' draft phase as our fused drafter on the relayed draft input, without
+# SGLang's prepare_for_draft and draft graph runner (worker.TritonEagleDraftWorker.lean_draft). Unset: wherever it can
+# run (else SGLang's draft phase, the reason logged and reported); "1": required (refused at start where it cannot
+# run); "0": SGLang's draft phase
 LEAN_DRAFT_ENV = "SGLANG_EAGLE_TRITON_LEAN_DRAFT"
+LEAN_DRAFT_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> lean_draft_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -474,18 +477,12 @@ def _validate(sa) -> None:
         _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
                 f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
     if os.environ.get(LEAN_DRAFT_ENV, "0") not in ("0", "1"):
-        _refuse(f"{LEAN_DRAFT_ENV}={os.environ[LEAN_DRAFT_ENV]!r}", "Give 1 (the draft phase without SGLang's "
-                "prepare_for_draft and draft graphs) or 0, or unset it.")
-    if lean_draft() and sa.tp_size > 1:
-        _refuse(f"{LEAN_DRAFT_ENV}=1 with --tp {sa.tp_size} (its drafter graphs under tensor parallelism are untested)",
-                f"Use --tp 1, or unset {LEAN_DRAFT_ENV}.")
-    if lean_draft() and os.environ.get(DRAFT_CHECK_ENV):
-        _refuse(f"{LEAN_DRAFT_ENV}=1 with {DRAFT_CHECK_ENV} (the check runs SGLang's draft beside ours)",
-                "Unset one of them.")
-    if lean_draft() and (sa.page_size or 1) > 1 and (sa.speculative_eagle_topk or 1) > 1:
-        _refuse(f"{LEAN_DRAFT_ENV}=1 with --page-size {sa.page_size} and --speculative-eagle-topk "
-                f"{sa.speculative_eagle_topk} (SGLang's draft preparation copies each branch's prefix tail there)",
-                f"Use --page-size 1 or --speculative-eagle-topk 1, or unset {LEAN_DRAFT_ENV}.")
+        _refuse(f"{LEAN_DRAFT_ENV}={os.environ[LEAN_DRAFT_ENV]!r}", "Give 1 (the draft phase must run without "
+                "SGLang's prepare_for_draft and draft graphs) or 0 (SGLang's draft phase), or unset it (the lean "
+                "draft phase wherever it can run).")
+    if lean_draft() and (why := lean_draft_unserved(sa)) is not None:
+        what, change = why
+        _refuse(f"{LEAN_DRAFT_ENV}=1 with {what}", f"{change}, or unset {LEAN_DRAFT_ENV}.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -524,9 +521,30 @@ def plain_off() -> bool:
     return plain_off_mode() == "on"
 
 
+def lean_draft_mode() -> str:
+    """:data:`LEAN_DRAFT_ENV` as ``"auto"`` (unset: the lean draft phase wherever it can run), ``"on"`` (``1``:
+    required) or ``"off"`` (``0``: SGLang's draft phase); values the start-up refused read as ``"off"``."""
+    return LEAN_DRAFT_MODES.get(os.environ.get(LEAN_DRAFT_ENV), "off")
+
+
 def lean_draft() -> bool:
-    """Whether :data:`LEAN_DRAFT_ENV` asks for the lean draft phase (``1``)."""
-    return os.environ.get(LEAN_DRAFT_ENV) == "1"
+    """Whether :data:`LEAN_DRAFT_ENV` requires the lean draft phase (``1``)."""
+    return lean_draft_mode() == "on"
+
+
+def lean_draft_unserved(sa) -> tuple[str, str] | None:
+    """Why the server args ``sa`` rule the lean draft phase out, as ``(what, what to change)``; None where they do
+    not (SGLang's own touchpoints are checked when the worker starts it: ``EagleTritonWorkerV2.start_lean_draft``)."""
+    sa = glue_args.settings(sa)
+    if sa.tp_size > 1:
+        return (f"--tp {sa.tp_size} (its drafter graphs under tensor parallelism are untested)", "Use --tp 1")
+    if os.environ.get(DRAFT_CHECK_ENV):
+        return f"{DRAFT_CHECK_ENV} (the check runs SGLang's draft beside ours)", f"Unset {DRAFT_CHECK_ENV}"
+    if (sa.page_size or 1) > 1 and (sa.speculative_eagle_topk or 1) > 1:
+        return (f"--page-size {sa.page_size} and --speculative-eagle-topk {sa.speculative_eagle_topk} (SGLang's "
+                "draft preparation copies each branch's prefix tail there)",
+                "Use --page-size 1 or --speculative-eagle-topk 1")
+    return None
 
 
 def verify_attention_mode() -> str:

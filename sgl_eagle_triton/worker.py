@@ -18,6 +18,10 @@ swapped in by the plugin's hook). The draft, its tree building and token selecti
   extend (:meth:`EagleTritonWorkerV2.activate_step_by_batch`); its verify is a plain decode step
   (:mod:`sgl_eagle_triton.off_step`) wherever that can run (:meth:`EagleTritonWorkerV2.start_plain_off`;
   ``SGLANG_EAGLE_TRITON_PLAIN_OFF``: 1 requires it, 0 keeps SGLang's verify);
+- the draft phase around it: :meth:`TritonEagleDraftWorker.lean_draft` (the fused drafter on the relayed draft
+  input from a CUDA graph of ours per batch size, then SGLang's ``build_eagle_verify_input``, without SGLang's
+  ``prepare_for_draft`` and draft graph runner) wherever that can run (:meth:`EagleTritonWorkerV2.start_lean_draft`;
+  ``SGLANG_EAGLE_TRITON_LEAN_DRAFT``: 1 requires it, 0 keeps SGLang's draft phase);
 - under ``--tp`` > 1: the fused drafter on SGLang's TP group (:func:`tensor_parallel`);
 
 swapped in only while our workers call into SGLang, so that nothing else in the process changes:
@@ -516,6 +520,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     plain_off: PlainOff | None = None  # steps 0 as a plain decode step (start_plain_off, from init_cuda_graphs)
     plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
+    lean_draft_on = False  # the draft phase is the lean one (start_lean_draft)
+    lean_draft_declined: str | None = None  # why the draft phase keeps SGLang's preparation (start_lean_draft)
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
 
     def __init__(self, *args, **kwargs):
@@ -727,24 +733,34 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                     len(sizes), sizes[-1], time.perf_counter() - tic)
 
     def start_lean_draft(self) -> None:
-        """Under ``config.LEAN_DRAFT_ENV=1``: every drafting state's draft phase as
-        :meth:`TritonEagleDraftWorker.lean_draft`, its drafter captured at the batch sizes of the state's draft
-        graphs (none with CUDA graphs off: eager). Refused (RuntimeError naming what to change) where SGLang's
-        draft phase does more than our drafter replaces: its preparation plans the verify's KV window (SGLang
-        0.5.22+), it seeds DSA's top-k, or a KV canary checks its forwards."""
-        if not config.lean_draft():
+        """Every drafting state's draft phase as :meth:`TritonEagleDraftWorker.lean_draft`, its drafter captured at
+        the batch sizes of the state's draft graphs (none with CUDA graphs off: eager), unless
+        ``config.LEAN_DRAFT_ENV=0``. Not where the server args rule it out (:func:`config.lean_draft_unserved`) or
+        SGLang's draft phase does more than our drafter replaces: its preparation plans the verify's KV window
+        (SGLang 0.5.22+), it seeds DSA's top-k, or a KV canary checks its forwards. There SGLang's draft phase runs,
+        the reason logged and kept in :attr:`lean_draft_declined` (the kernel report); under
+        ``config.LEAN_DRAFT_ENV=1`` the server is refused instead (RuntimeError naming what to change)."""
+        mode = config.lean_draft_mode()
+        if mode == "off":
             return
         dw = self.draft_worker
         why = None
-        if problems := glue.lean_draft_problems():
+        if (unserved := config.lean_draft_unserved(self.server_args)) is not None:
+            why = unserved[0]
+        elif problems := glue.lean_draft_problems():
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
         elif getattr(dw, "seed_dsa_topk_from_draft_extend", False):
             why = "the draft seeds DSA's top-k from the draft extend"
         elif getattr(dw.draft_runner, "canary_manager", None) is not None:
             why = "a KV canary checks the draft's forwards"
-        if why is not None:
+        if why is not None and mode == "on":
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_DRAFT_ENV}=1, but {why}. "
                                f"Unset {config.LEAN_DRAFT_ENV}.")
+        if why is not None:
+            self.lean_draft_declined = why
+            logger.warning("%s: the draft phase runs SGLang's prepare_for_draft and draft graphs, not the lean draft "
+                           "phase: %s", ALGORITHM_NAME, why)
+            return
         controller = self.adaptive_controller
         if controller is None:
             runners = {self.speculative_num_steps: dw.cuda_graph_runner} if self.speculative_num_steps else {}
@@ -756,9 +772,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         tic = time.perf_counter()
         if captured and not settings(self.server_args).disable_cuda_graph:
             dw.capture_lean_draft(captured)
-        dw.lean = True
-        logger.info("%s: the draft phase runs without SGLang's prepare_for_draft (%s=1): drafter graphs of %d "
-                    "shape(s) captured in %.1f s", ALGORITHM_NAME, config.LEAN_DRAFT_ENV, len(dw._lean_graphs or {}),
+        dw.lean = self.lean_draft_on = True
+        logger.info("%s: the draft phase runs without SGLang's prepare_for_draft (%s): drafter graphs of %d "
+                    "shape(s) captured in %.1f s", ALGORITHM_NAME,
+                    f"{config.LEAN_DRAFT_ENV}=1" if mode == "on" else "the default", len(dw._lean_graphs or {}),
                     time.perf_counter() - tic)
 
     def compile_eager_kernels(self) -> None:
@@ -895,6 +912,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         elif self.plain_off_declined is not None:
             kernels["steps 0"] = (f"SGLang's one-node verify, the draft KV fill (plain step declined: "
                                   f"{self.plain_off_declined})")
+        if self.lean_draft_on:
+            kernels["draft phase"] = "lean: the fused drafter on the relayed draft input, then SGLang's verify input"
+        elif self.lean_draft_declined is not None:
+            kernels["draft phase"] = (f"SGLang's prepare_for_draft and draft graphs (lean declined: "
+                                      f"{self.lean_draft_declined})")
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:

@@ -18,6 +18,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.launcher import Server
 from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
+from sgl_eagle_triton.worker import LEAN_DRAFT
 from tests.lossless import (
     CONTROL_CEILING,
     TIE_MARGIN,
@@ -57,6 +58,24 @@ def accept_share(report: Mapping) -> float:
     (``internal_states[0]["eagle_triton"]``) says it ran."""
     ours = report["kernels"].get("verify attention") == config.VERIFY_ATTENTION_IN_USE
     return ACCEPT_SHARE["ours" if ours else "sglang"]
+
+
+def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool = False) -> str | None:
+    """What is wrong with the draft phases an EAGLE_TRITON server's kernel report (``/server_info``) counts, None if
+    nothing: the lean draft phase (the default) is each draft's (one per tree built) on one GPU without a paged tree;
+    none where tensor parallelism or paged trees rule it out, or ``SGLANG_EAGLE_TRITON_LEAN_DRAFT=0`` is exported
+    for the run (the servers inherit it), and then the report names SGLang's draft phase."""
+    expected = config.lean_draft_mode() != "off" and one_gpu and not paged_tree
+    ran = report["ran"]
+    lean, trees = ran.get(LEAN_DRAFT, 0), ran.get("triton build_tree", 0)
+    if expected and not lean == trees > 0:
+        return f"lean draft phases {lean} of {trees} drafts"
+    if not expected and lean:
+        return f"{lean} lean draft phases where SGLang's draft phase should run"
+    phase = report["kernels"].get("draft phase", "")
+    if config.lean_draft_mode() != "off" and not phase.startswith("lean" if expected else "SGLang's"):
+        return f"the kernel report's draft phase is {phase!r}"
+    return None
 
 
 def e2e_server(name: str, model_path: str, args: Sequence[str], log_dir: Path,

@@ -526,13 +526,14 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     compiled = []  # what it compiles: tests/test_compile_before_serving.py
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "compile_eager_kernels", lambda self: compiled.append(self))
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "capture_draft_kv", lambda self: compiled.append("fill graphs"))
+    monkeypatch.setattr(worker.EagleTritonWorkerV2, "start_lean_draft", lambda self: compiled.append("lean draft"))
     w._draft_worker = SimpleNamespace(_fill_graphs="f0")  # steps 0's KV fill graphs (capture_draft_kv)
     seen = []
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append((runners, n)) or
                         {bs: float(n * bs) for bs in sizes})
     w.init_cuda_graphs()
     # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify and fill graphs are priced
-    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs"]
+    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs", "lean draft"]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
     # without --cuda-graph-bs-decode SGLang hands the controller no sizes: those of each state's verify graphs
     w.cost_policy = CostAwarePolicy([0, 3], 3)
@@ -547,7 +548,7 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: {} if n == 4 else {1: 1.0})
     with pytest.raises(RuntimeError, match=r"no CUDA graph to time for steps \[3\]"):
         w.init_cuda_graphs()
-    # the lean draft phase (SGLANG_EAGLE_TRITON_LEAN_DRAFT=1): a drafting state's draft graphs are our drafter's
+    # under the lean draft phase (the default where it can run) a drafting state's draft graphs are our drafter's
     w._draft_worker = SimpleNamespace(_fill_graphs="f0", lean=True, _lean_graphs={(1, 3, 4): "L3"},
                                       drafter_shape=lambda steps: (1, steps, steps + 1))
     seen.clear()

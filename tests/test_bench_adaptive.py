@@ -359,11 +359,12 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     assert adaptive.SYSTEM_ENV["eagle_triton_off"] == {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"}
     assert adaptive.SYSTEM_ENV["eagle_triton_cost_plain"] == adaptive.SYSTEM_ENV["eagle_triton_off_plain"]
     assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV
-    # the lean draft phase beside its twin (SGLANG_EAGLE_TRITON_LEAN_DRAFT=1), in a sweep only when named
+    # the lean draft phase required (=1) and SGLang's draft phase (=0) beside their twin, in a sweep only when named
     for system in ("eagle_triton", "eagle_triton_cost"):
-        assert adaptive.spec_args(f"{system}_lean", draft, (3, 1, 4), tmp_path) == adaptive.spec_args(
-            system, draft, (3, 1, 4), tmp_path)
-        assert adaptive.SYSTEM_ENV[f"{system}_lean"] == {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"}
+        for suffix, value in (("_lean", "1"), ("_sglang_draft", "0")):
+            assert adaptive.spec_args(f"{system}{suffix}", draft, (3, 1, 4), tmp_path) == adaptive.spec_args(
+                system, draft, (3, 1, 4), tmp_path)
+            assert adaptive.SYSTEM_ENV[f"{system}{suffix}"] == {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": value}
     assert not set(adaptive.LEAN_SYSTEMS) & set(adaptive.parse_args([]).systems)
 
 

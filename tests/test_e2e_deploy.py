@@ -20,6 +20,7 @@ import pytest
 from tests.e2e import (
     accept_share,
     e2e_server,
+    lean_draft_problem,
     require_gpus,
     serve_concurrently,
     serve_generate,
@@ -100,3 +101,6 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         accept = entry["accept_length"]
         assert accept["eagle_triton"] >= accept_share(reports[n]) * accept["stock"], (key, accept)
         assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]
+        # the lean draft phase on one GPU (each DP replica's), SGLang's under TP and for paged trees
+        paged = "--page-size" in flags and int(key.split(",")[1]) > 1
+        assert lean_draft_problem(reports[n], one_gpu=not deployment.startswith("tp"), paged_tree=paged) is None, key

@@ -29,7 +29,6 @@ import pytest
 
 from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.demo import kernel_lines, parse_metrics
-from sgl_eagle_triton.worker import LEAN_DRAFT
 from tests.e2e import (
     ACCEPT_SHARE,
     CHAT_TOKENS,
@@ -38,6 +37,7 @@ from tests.e2e import (
     REQUEST_PATTERNS,
     accept_share,
     e2e_server,
+    lean_draft_problem,
     serve_all,
     serve_concurrently,
     serve_generate,
@@ -132,8 +132,9 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
             floor = TRAINED_ACCEPT_LENGTH[parallel][steps, topk, n] * (1 - ACCEPT_MARGIN[parallel])
             assert min(entry["accept_length"].values()) >= floor, (key, entry["accept_length"], floor)
         assert report_state["errors"] == [] and report_state["ran"].get("triton fused drafter", 0) > 0, report_state
-        # with SGLANG_EAGLE_TRITON_LEAN_DRAFT=1 exported for the run, the draft phase was the lean one
-        assert not config.lean_draft() or report_state["ran"].get(LEAN_DRAFT, 0) > 0, report_state
+        # on one GPU every draft phase was the lean one (the default), each building one tree; under tensor
+        # parallelism or SGLANG_EAGLE_TRITON_LEAN_DRAFT=0 exported for the run, none (SGLang's draft phase)
+        assert lean_draft_problem(report_state, one_gpu=parallel == "tp1") is None, report_state
 
 
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])
@@ -285,7 +286,6 @@ def test_verify_attention_is_lossless(parallel, tmp_path):
     tree): ours tie-aware equal to no-spec (``tp1-long`` too: batch-dependent rounding stays far inside the tie bound;
     SGLang's reported), its accept length at least ACCEPT_SHARE["ours"] of SGLang's attention's, each server's report
     naming the attention it ran, our kernel counted in ``/server_info`` and no kernel error."""
-    from sgl_eagle_triton import config
     from sgl_eagle_triton.config import VERIFY_ATTENTION_IN_USE
 
     long = parallel.endswith("-long")

@@ -633,15 +633,24 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         config._validate(Overlay(args.record, tp_size=2))
 
 
-def test_the_lean_draft_is_asked_for_with_1_on_one_gpu_without_the_draft_check_or_paged_trees(monkeypatch):
-    """SGLANG_EAGLE_TRITON_LEAN_DRAFT (the draft phase without SGLang's prepare_for_draft): 0 or 1; 1 refused under
-    --tp > 1, with the draft check, and with page size > 1 and topk > 1, each refusal naming what to change."""
+def test_the_lean_draft_is_the_default_and_required_with_1_on_one_gpu_without_the_draft_check_or_paged_trees(
+        monkeypatch):
+    """SGLANG_EAGLE_TRITON_LEAN_DRAFT (the draft phase without SGLang's prepare_for_draft): unset (the lean phase
+    wherever it can run: the worker declines it elsewhere, config.lean_draft_unserved naming why), 0 or 1; 1
+    refused under --tp > 1, with the draft check, and with page size > 1 and topk > 1, each refusal naming what to
+    change."""
     monkeypatch.setenv(config.LEAN_DRAFT_ENV, "on")
     with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_LEAN_DRAFT='on'.*Give 1"):
         _args()
+    monkeypatch.delenv(config.LEAN_DRAFT_ENV)
+    args = _args()
+    assert config.lean_draft_mode() == "auto" and not config.lean_draft()
+    assert config.lean_draft_unserved(args.record) is None
+    config._validate(Overlay(args.record, tp_size=2))  # declined by the worker, not refused
+    assert "--tp 2" in config.lean_draft_unserved(Overlay(args.record, tp_size=2))[0]
     monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
     _args()
-    assert not config.lean_draft()
+    assert config.lean_draft_mode() == "off" and not config.lean_draft()
     monkeypatch.setenv(config.LEAN_DRAFT_ENV, "1")
     args = _args()
     assert config.lean_draft()

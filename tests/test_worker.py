@@ -3,6 +3,8 @@ check that our kernels ran, the ``/server_info`` report, ``draft_forward``'s con
 binding and ``drafter.draft_weights`` (small stand-ins for SGLang's objects: tests/fake_sglang.py)."""
 
 import logging
+import os
+import re
 from collections import Counter
 from types import SimpleNamespace
 
@@ -950,10 +952,13 @@ def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(
 
 
 def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes_or_refuses(monkeypatch, caplog):
-    """EagleTritonWorkerV2.start_lean_draft: nothing unless SGLANG_EAGLE_TRITON_LEAN_DRAFT=1; then each drafting
-    state's drafter shape captured at its draft graphs' sizes (static: the one shape), none with CUDA graphs off (the
-    lean phase eager); refused, naming the variable, where SGLang's preparation plans the verify's KV window
-    (0.5.22+), DSA seeds its top-k, or a KV canary watches the draft."""
+    """EagleTritonWorkerV2.start_lean_draft: by default and under SGLANG_EAGLE_TRITON_LEAN_DRAFT=1 (nothing under
+    =0) each drafting state's drafter shape captured at its draft graphs' sizes (static: the one shape), none with
+    CUDA graphs off (the lean phase eager). Where it cannot run (--tp > 1, the draft check, paged trees, SGLang's
+    preparation planning the verify's KV window on 0.5.22+, DSA seeding its top-k, a KV canary watching the draft):
+    by default declined, SGLang's draft phase kept and the reason logged and reported; under =1 refused, naming the
+    variable."""
+    caplog.set_level(logging.INFO)
     captured = []
     dw = SimpleNamespace(capture_lean_draft=captured.append, lean=False, _lean_graphs=None,
                          draft_runner=SimpleNamespace(canary_manager=None), seed_dsa_topk_from_draft_extend=False,
@@ -961,14 +966,22 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
                          cuda_graph_runner=SimpleNamespace(capture_bs=[4, 1, 2]))
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._draft_worker, w.adaptive_controller, w.speculative_num_steps = dw, None, 3
-    w.server_args = SimpleNamespace(disable_cuda_graph=False)
-    monkeypatch.delenv(config.LEAN_DRAFT_ENV, raising=False)
-    w.start_lean_draft()
-    assert not dw.lean and captured == []
-    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "1")
+    w.server_args = SimpleNamespace(disable_cuda_graph=False, tp_size=1, page_size=1, speculative_eagle_topk=4)
     monkeypatch.setattr(worker.glue, "lean_draft_problems", lambda: [])
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
     w.start_lean_draft()
-    assert dw.lean and captured == [{(1, 3, 4): [1, 2, 4]}]
+    assert not dw.lean and captured == [] and w.lean_draft_declined is None
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(config.LEAN_DRAFT_ENV)
+        else:
+            monkeypatch.setenv(config.LEAN_DRAFT_ENV, value)
+        dw.lean = False
+        w.start_lean_draft()
+        assert dw.lean and w.lean_draft_on and captured[-1] == {(1, 3, 4): [1, 2, 4]}, value
+        assert w.lean_draft_declined is None, value
+    for how in ("the default", "SGLANG_EAGLE_TRITON_LEAN_DRAFT=1"):
+        assert f"the draft phase runs without SGLang's prepare_for_draft ({how})" in caplog.text
     states = {0: SimpleNamespace(cuda_graph_runner=None), 1: SimpleNamespace(cuda_graph_runner=None),
               5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]))}
     w.adaptive_controller = SimpleNamespace(_states=states)
@@ -976,14 +989,29 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
     assert captured[-1] == {(1, 5, 4): [1, 8]}
     w.server_args.disable_cuda_graph = True
     w.start_lean_draft()
-    assert len(captured) == 2 and dw.lean
-    for attr, value, why in ((worker.glue, "lean_draft_problems", "touchpoints moved: moved"),
-                             (dw, "seed_dsa_topk_from_draft_extend", "seeds DSA"),
-                             (dw.draft_runner, "canary_manager", "a KV canary")):
+    assert len(captured) == 3 and dw.lean
+    cases = ((worker.glue, "lean_draft_problems", lambda: ["moved"], "touchpoints moved: moved"),
+             (dw, "seed_dsa_topk_from_draft_extend", True, "seeds DSA"),
+             (dw.draft_runner, "canary_manager", True, "a KV canary"),
+             (w.server_args, "tp_size", 2, "--tp 2"),
+             (w.server_args, "page_size", 16, "--page-size 16 and --speculative-eagle-topk 4"),
+             (os.environ, config.DRAFT_CHECK_ENV, "/tmp/check.jsonl", "SGLANG_EAGLE_TRITON_DRAFT_CHECK"))
+    for owner, attr, value, why in cases:
         with monkeypatch.context() as patch:
-            patch.setattr(attr, value, (lambda: ["moved"]) if attr is worker.glue else True)
-            with pytest.raises(RuntimeError, match=f"LEAN_DRAFT=1, but .*{why}.*Unset SGLANG_EAGLE_TRITON_LEAN"):
+            if owner is os.environ:
+                patch.setenv(attr, value)
+            else:
+                patch.setattr(owner, attr, value)
+            patch.setenv(config.LEAN_DRAFT_ENV, "1")
+            with pytest.raises(RuntimeError, match=f"LEAN_DRAFT=1, but .*{re.escape(why)}.*Unset SGLANG_EAGLE_TRITON"):
                 w.start_lean_draft()
+            patch.delenv(config.LEAN_DRAFT_ENV)
+            dw.lean, w.lean_draft_on, w.lean_draft_declined, before = False, False, None, len(captured)
+            caplog.clear()
+            w.start_lean_draft()
+            assert not dw.lean and not w.lean_draft_on and len(captured) == before, why
+            assert why in w.lean_draft_declined, why
+            assert "not the lean draft phase" in caplog.text and why in caplog.text
 
 
 def test_the_lean_draft_glue_holds_where_prepare_for_draft_plans_no_kv_window():
