@@ -734,7 +734,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def start_lean_draft(self) -> None:
         """Every drafting state's draft phase as :meth:`TritonEagleDraftWorker.lean_draft`, its drafter captured at
-        the batch sizes of the state's draft graphs (none with CUDA graphs off: eager), unless
+        the batch sizes of the state's draft graphs, or of its verify graphs where SGLang captured no draft graph
+        (an adaptive state of 1 step; none with CUDA graphs off: eager), unless
         ``config.LEAN_DRAFT_ENV=0``. Not where the server args rule it out (:func:`config.lean_draft_unserved`) or
         SGLang's draft phase does more than our drafter replaces: its preparation plans the verify's KV window
         (SGLang 0.5.22+), it seeds DSA's top-k, or a KV canary checks its forwards. There SGLang's draft phase runs,
@@ -763,11 +764,10 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             return
         controller = self.adaptive_controller
         if controller is None:
-            runners = {self.speculative_num_steps: dw.cuda_graph_runner} if self.speculative_num_steps else {}
-        else:
-            runners = {s: state.cuda_graph_runner for s, state in controller._states.items() if s}
-        shapes = {dw.drafter_shape(s if controller is not None else None): draft_graph_sizes(runner)
-                  for s, runner in runners.items()}
+            shapes = {dw.drafter_shape(): draft_graph_sizes(dw.cuda_graph_runner)} if self.speculative_num_steps else {}
+        else:  # a state without draft graphs (SGLang captures none at 1 step): at its verify graphs' sizes
+            shapes = {dw.drafter_shape(s): draft_graph_sizes(state.cuda_graph_runner) or verify_graph_sizes(state)
+                      for s, state in controller._states.items() if s}
         captured = {shape: sizes for shape, sizes in shapes.items() if sizes}
         tic = time.perf_counter()
         if captured and not settings(self.server_args).disable_cuda_graph:

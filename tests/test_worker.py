@@ -982,14 +982,20 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
         assert w.lean_draft_declined is None, value
     for how in ("the default", "SGLANG_EAGLE_TRITON_LEAN_DRAFT=1"):
         assert f"the draft phase runs without SGLang's prepare_for_draft ({how})" in caplog.text
-    states = {0: SimpleNamespace(cuda_graph_runner=None), 1: SimpleNamespace(cuda_graph_runner=None),
-              5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]))}
+    verify_graphs = SimpleNamespace(capture_bs=[2, 1])
+    states = {0: SimpleNamespace(cuda_graph_runner=None, target_graph_runner=verify_graphs),
+              1: SimpleNamespace(cuda_graph_runner=None, target_graph_runner=verify_graphs),
+              5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]), target_graph_runner=None)}
     w.adaptive_controller = SimpleNamespace(_states=states)
-    w.start_lean_draft()  # steps 0 drafts nothing; a state without draft graphs runs its drafter eagerly
+    # steps 0 drafts nothing; a state without draft graphs (SGLang's 1 step) at its verify graphs' sizes
+    w.start_lean_draft()
+    assert captured[-1] == {(1, 1, 4): [1, 2], (1, 5, 4): [1, 8]}
+    states[1].target_graph_runner = None  # no graphs at all: eager
+    w.start_lean_draft()
     assert captured[-1] == {(1, 5, 4): [1, 8]}
     w.server_args.disable_cuda_graph = True
     w.start_lean_draft()
-    assert len(captured) == 3 and dw.lean
+    assert len(captured) == 4 and dw.lean
     cases = ((worker.glue, "lean_draft_problems", lambda: ["moved"], "touchpoints moved: moved"),
              (dw, "seed_dsa_topk_from_draft_extend", True, "seeds DSA"),
              (dw.draft_runner, "canary_manager", True, "a KV canary"),
