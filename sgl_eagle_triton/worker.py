@@ -50,6 +50,7 @@ import logging
 import os
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import sglang
 import torch
@@ -735,48 +736,63 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     def start_lean_draft(self) -> None:
         """Every drafting state's draft phase as :meth:`TritonEagleDraftWorker.lean_draft`, its drafter captured at
         the batch sizes of the state's draft graphs, or of its verify graphs where SGLang captured no draft graph
-        (an adaptive state of 1 step; none with CUDA graphs off: eager), unless
-        ``config.LEAN_DRAFT_ENV=0``. Not where the server args rule it out (:func:`config.lean_draft_unserved`) or
-        SGLang's draft phase does more than our drafter replaces: its preparation plans the verify's KV window
-        (SGLang 0.5.22+), it seeds DSA's top-k, or a KV canary checks its forwards. There SGLang's draft phase runs,
-        the reason logged and kept in :attr:`lean_draft_declined` (the kernel report); under
-        ``config.LEAN_DRAFT_ENV=1`` the server is refused instead (RuntimeError naming what to change)."""
+        (1 step; none with CUDA graphs off: eager), unless ``config.LEAN_DRAFT_ENV=0``. Not where the server args
+        rule it out (:func:`config.lean_draft_unserved`), SGLang's draft phase does more than our drafter replaces
+        (its preparation plans the verify's KV window: SGLang 0.5.22+; it seeds DSA's top-k; a KV canary checks its
+        forwards), or the capture runs out of GPU memory. There SGLang's draft phase runs (its graphs captured), the
+        reason logged and kept in :attr:`lean_draft_declined` (the kernel report); under ``config.LEAN_DRAFT_ENV=1``
+        the server is refused instead (RuntimeError naming what to change)."""
         mode = config.lean_draft_mode()
         if mode == "off":
             return
         dw = self.draft_worker
-        why = None
+        why, expected = None, False  # expected: a server argument rules it out (logged as information)
         if (unserved := config.lean_draft_unserved(self.server_args)) is not None:
-            why = unserved[0]
+            why, expected = unserved[0], True
         elif problems := glue.lean_draft_problems():
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
         elif getattr(dw, "seed_dsa_topk_from_draft_extend", False):
             why = "the draft seeds DSA's top-k from the draft extend"
         elif getattr(dw.draft_runner, "canary_manager", None) is not None:
             why = "a KV canary checks the draft's forwards"
-        if why is not None and mode == "on":
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_DRAFT_ENV}=1, but {why}. "
-                               f"Unset {config.LEAN_DRAFT_ENV}.")
         if why is not None:
-            self.lean_draft_declined = why
-            logger.warning("%s: the draft phase runs SGLang's prepare_for_draft and draft graphs, not the lean draft "
-                           "phase: %s", ALGORITHM_NAME, why)
+            self._decline_lean_draft(mode, why, expected)
             return
         controller = self.adaptive_controller
-        if controller is None:
-            shapes = {dw.drafter_shape(): draft_graph_sizes(dw.cuda_graph_runner)} if self.speculative_num_steps else {}
-        else:  # a state without draft graphs (SGLang captures none at 1 step): at its verify graphs' sizes
-            shapes = {dw.drafter_shape(s): draft_graph_sizes(state.cuda_graph_runner) or verify_graph_sizes(state)
-                      for s, state in controller._states.items() if s}
+        if controller is None:  # the one state: SGLang's draft graphs, its target's decode (verify) graphs
+            states = {None: SimpleNamespace(cuda_graph_runner=dw.cuda_graph_runner,
+                                            target_graph_runner=glue.target_graph_runner(
+                                                self.target_worker.model_runner))}
+        else:
+            states = {s: state for s, state in controller._states.items() if s}
+        # a state without draft graphs (SGLang captures none at 1 step) at its verify graphs' sizes
+        shapes = {dw.drafter_shape(s): draft_graph_sizes(state.cuda_graph_runner) or verify_graph_sizes(state)
+                  for s, state in states.items()}
         captured = {shape: sizes for shape, sizes in shapes.items() if sizes}
         tic = time.perf_counter()
         if captured and not settings(self.server_args).disable_cuda_graph:
-            dw.capture_lean_draft(captured)
+            try:
+                dw.capture_lean_draft(captured)
+            except torch.cuda.OutOfMemoryError as error:  # by default SGLang's draft phase, its graphs captured
+                dw._lean_graphs = None
+                self._decline_lean_draft(mode, f"capturing its drafter graphs ran out of GPU memory ({error})")
+                return
         dw.lean = self.lean_draft_on = True
         logger.info("%s: the draft phase runs without SGLang's prepare_for_draft (%s): drafter graphs of %d "
                     "shape(s) captured in %.1f s", ALGORITHM_NAME,
                     f"{config.LEAN_DRAFT_ENV}=1" if mode == "on" else "the default", len(dw._lean_graphs or {}),
                     time.perf_counter() - tic)
+
+    def _decline_lean_draft(self, mode: str, why: str, expected: bool = False) -> None:
+        """SGLang's draft phase instead of the lean one, for ``why``: logged (a warning unless ``expected``, a server
+        argument that rules it out) and kept for the kernel report; under ``config.LEAN_DRAFT_ENV=1`` (``mode``
+        ``"on"``) a RuntimeError naming what to change instead."""
+        if mode == "on":
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_DRAFT_ENV}=1, but {why}. "
+                               f"Unset {config.LEAN_DRAFT_ENV}.")
+        self.lean_draft_declined = why
+        logger.log(logging.INFO if expected else logging.WARNING, "%s: the draft phase runs SGLang's "
+                   "prepare_for_draft and draft graphs, not the lean draft phase: %s", ALGORITHM_NAME, why)
 
     def compile_eager_kernels(self) -> None:
         """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the

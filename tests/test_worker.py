@@ -907,13 +907,16 @@ def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(
     """lean_draft: SGLang's build_eagle_verify_input gets the tree the fused drafter makes of the relayed draft
     input at positions seq_lens (what SGLang's prepare_for_draft sets), for batches of 1-5 requests with ragged
     lengths replayed from graphs of 1, 2, 4 (3 padded into 4, 5 eager above the largest) and eagerly without graphs;
-    dispatched by draft() for a decode batch only, and counted."""
+    dispatched by draft() for a decode batch only, and counted. A batch without ``seq_lens_sum`` (a request joined
+    or left) gets it from its CPU lengths first, as SGLang's preparation backfills it (the verify input sizes a
+    FULL_MASK tree mask by it)."""
     w, gen = random_draft(True, device, seed=21)
     pool = random_batch(w, 5, TOPK, STEPS, [9, 4, 30, 1, 17], gen, device)
     built = []
 
     def build_eagle_verify_input(batch, draft_input, parent_list, top_scores_index, draft_tokens, draft_probs, **kw):
-        built.append((parent_list.clone(), top_scores_index.clone(), draft_tokens.clone(), draft_probs, kw))
+        built.append((parent_list.clone(), top_scores_index.clone(), draft_tokens.clone(), draft_probs, kw,
+                      batch.seq_lens_sum))
         return "verify input"
 
     monkeypatch.setattr(sglang.srt.speculative.eagle_worker_v2, "build_eagle_verify_input", build_eagle_verify_input)
@@ -930,7 +933,8 @@ def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(
         idx = torch.tensor(rows, device=device)
         spec_info = SimpleNamespace(topk_p=pool["topk_p"][idx], topk_index=pool["topk_index"][idx],
                                     hidden_states=pool["hidden"][idx])
-        batch = SimpleNamespace(spec_info=spec_info, seq_lens=pool["seq_lens"][idx],
+        seq_lens = pool["seq_lens"][idx]
+        batch = SimpleNamespace(spec_info=spec_info, seq_lens=seq_lens, seq_lens_sum=None, seq_lens_cpu=seq_lens.cpu(),
                                 req_pool_indices=pool["req_pool_indices"][idx], forward_mode=fake_sglang.ForwardMode())
         expected = graphed.fused_drafter.draft(spec_info.topk_p, spec_info.topk_index, spec_info.hidden_states,
                                                batch.seq_lens.repeat_interleave(TOPK), batch.seq_lens,
@@ -942,6 +946,7 @@ def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(
             assert all(torch.equal(t, e) for t, e in zip(tree, expected[:3], strict=True)), (rows, dw is graphed)
             assert built[0][3] is None and kw == dict(target_worker="target", topk=TOPK, num_steps=STEPS,
                                                       num_draft_tokens=N, tree_mask_mode="mode", device=device)
+            assert built[0][5] == int(seq_lens.sum()), rows
     graphs = graphed._lean_graphs[shape]
     assert (graphs.replays, graphs.eager, graphs.mismatched) == (4, 1, 0)
     assert fresh_counts[worker.LEAN_DRAFT] == 10
@@ -957,7 +962,8 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
     CUDA graphs off (the lean phase eager). Where it cannot run (--tp > 1, the draft check, paged trees, SGLang's
     preparation planning the verify's KV window on 0.5.22+, DSA seeding its top-k, a KV canary watching the draft):
     by default declined, SGLang's draft phase kept and the reason logged and reported; under =1 refused, naming the
-    variable."""
+    variable. A state without draft graphs (SGLang captures none at 1 step) at its verify graphs' sizes; a capture
+    out of GPU memory declines it by default."""
     caplog.set_level(logging.INFO)
     captured = []
     dw = SimpleNamespace(capture_lean_draft=captured.append, lean=False, _lean_graphs=None,
@@ -967,6 +973,8 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._draft_worker, w.adaptive_controller, w.speculative_num_steps = dw, None, 3
     w.server_args = SimpleNamespace(disable_cuda_graph=False, tp_size=1, page_size=1, speculative_eagle_topk=4)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        decode_cuda_graph_runner=SimpleNamespace(capture_bs=[2, 1, 16])))
     monkeypatch.setattr(worker.glue, "lean_draft_problems", lambda: [])
     monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
     w.start_lean_draft()
@@ -982,10 +990,15 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
         assert w.lean_draft_declined is None, value
     for how in ("the default", "SGLANG_EAGLE_TRITON_LEAN_DRAFT=1"):
         assert f"the draft phase runs without SGLang's prepare_for_draft ({how})" in caplog.text
+    draft_graphs, dw.cuda_graph_runner = dw.cuda_graph_runner, None  # a static 1-step server: its verify graphs'
+    w.start_lean_draft()
+    assert captured[-1] == {(1, 3, 4): [1, 2, 16]}
+    dw.cuda_graph_runner = draft_graphs
     verify_graphs = SimpleNamespace(capture_bs=[2, 1])
     states = {0: SimpleNamespace(cuda_graph_runner=None, target_graph_runner=verify_graphs),
               1: SimpleNamespace(cuda_graph_runner=None, target_graph_runner=verify_graphs),
-              5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]), target_graph_runner=None)}
+              5: SimpleNamespace(cuda_graph_runner=SimpleNamespace(capture_bs=[8, 1]),
+                                 target_graph_runner=verify_graphs)}
     w.adaptive_controller = SimpleNamespace(_states=states)
     # steps 0 drafts nothing; a state without draft graphs (SGLang's 1 step) at its verify graphs' sizes
     w.start_lean_draft()
@@ -993,9 +1006,23 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
     states[1].target_graph_runner = None  # no graphs at all: eager
     w.start_lean_draft()
     assert captured[-1] == {(1, 5, 4): [1, 8]}
+    # a capture out of GPU memory: by default SGLang's draft phase (its graphs are there), under =1 refused
+    dw.capture_lean_draft = lambda shapes: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    for value in ("1", None):
+        dw.lean, w.lean_draft_on, w.lean_draft_declined = False, False, None
+        with monkeypatch.context() as patch:
+            if value:
+                patch.setenv(config.LEAN_DRAFT_ENV, value)
+                with pytest.raises(RuntimeError, match="LEAN_DRAFT=1, but capturing its drafter graphs ran out"):
+                    w.start_lean_draft()
+            else:
+                patch.delenv(config.LEAN_DRAFT_ENV, raising=False)
+                w.start_lean_draft()
+                assert not dw.lean and not w.lean_draft_on and "out of GPU memory" in w.lean_draft_declined
+    dw.capture_lean_draft, w.lean_draft_declined = captured.append, None
     w.server_args.disable_cuda_graph = True
     w.start_lean_draft()
-    assert len(captured) == 4 and dw.lean
+    assert len(captured) == 5 and dw.lean
     cases = ((worker.glue, "lean_draft_problems", lambda: ["moved"], "touchpoints moved: moved"),
              (dw, "seed_dsa_topk_from_draft_extend", True, "seeds DSA"),
              (dw.draft_runner, "canary_manager", True, "a KV canary"),
@@ -1018,11 +1045,14 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
             assert not dw.lean and not w.lean_draft_on and len(captured) == before, why
             assert why in w.lean_draft_declined, why
             assert "not the lean draft phase" in caplog.text and why in caplog.text
+            # a server argument that rules it out is information; anything else a warning
+            levels = {r.levelno for r in caplog.records if "not the lean draft phase" in r.getMessage()}
+            assert levels == {logging.INFO if owner in (w.server_args, os.environ) else logging.WARNING}, why
 
 
 def test_the_lean_draft_glue_holds_where_prepare_for_draft_plans_no_kv_window():
     """glue.lean_draft_problems: none on the SGLang releases whose prepare_for_draft plans no KV window (0.5.17 -
-    0.5.21); on 0.5.22+ (``target_translator``: a chain's kv_loc_plan) the lean draft is refused."""
+    0.5.21); on 0.5.22+ (``target_translator``: a chain's kv_loc_plan) the lean draft is declined (refused under =1)."""
     plans = "target_translator" in __import__("inspect").signature(eagle_worker_common.prepare_for_draft).parameters
     problems = worker.glue.lean_draft_problems()
     assert (problems != []) == plans, problems

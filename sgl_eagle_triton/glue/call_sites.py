@@ -448,12 +448,24 @@ def lean_draft_problems() -> list[str]:
 def build_verify_input(draft_worker, batch, parent_list, top_scores_index, draft_tokens):
     """SGLang's ``build_eagle_verify_input`` of ``batch`` (its ``spec_info``: the relayed draft input) for the tree
     ``parent_list`` / ``top_scores_index`` / ``draft_tokens`` [bs, ...] int64 (the fused drafter's), in
-    ``draft_worker``'s shape and tree-mask mode, as SGLang's draft phase ends."""
+    ``draft_worker``'s shape and tree-mask mode, as SGLang's draft phase ends. First the batch's ``seq_lens_sum``
+    from its CPU lengths where it has none (after a request joined or left), as SGLang's draft preparation leaves
+    it (``ForwardBatch.init_new`` backfills it, 0.5.17-0.5.23): without it a tree mask that is not preallocated
+    would be sized for every request at the full context length."""
+    if getattr(batch, "seq_lens_sum", 0) is None and getattr(batch, "seq_lens_cpu", None) is not None:
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
     return eagle_worker_v2.build_eagle_verify_input(
         batch, batch.spec_info, parent_list, top_scores_index, draft_tokens, None,
         target_worker=draft_worker.target_worker, topk=draft_worker.topk,
         num_steps=draft_worker.speculative_num_steps, num_draft_tokens=draft_worker.speculative_num_draft_tokens,
         tree_mask_mode=draft_worker.tree_mask_mode, device=draft_worker.device)
+
+
+def target_graph_runner(model_runner):
+    """``model_runner``'s decode CUDA-graph runner (a speculative server's target: its verify graphs; what SGLang
+    registers as the initial adaptive state's ``target_graph_runner``), None without one (0.5.17-0.5.23:
+    ``decode_cuda_graph_runner``)."""
+    return getattr(model_runner, "decode_cuda_graph_runner", None)
 
 
 def graph_epilogue_problems(model_runner) -> list[str]:
