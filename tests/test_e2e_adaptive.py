@@ -213,6 +213,7 @@ def _serve_tree_candidates(servers: dict, ours: tuple, report_name: str, shapes:
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
         assert reports[key]["adaptive_trees"] == shapes, reports[key]
+        assert lean_draft_problem(reports[key]) is None, reports[key]  # one GPU, page size 1: the lean draft phase
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == set(shapes) and min(steps.values()) >= 50, steps
     return reports
@@ -308,6 +309,7 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
     for key in ("ours_cycle", "ours_cost"):
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
+        assert lean_draft_problem(reports[key], one_gpu=False) is None, reports[key]  # declined under TP
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
     policy = reports["ours_cost"]["adaptive_policy"]

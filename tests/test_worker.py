@@ -1050,6 +1050,34 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
             assert levels == {logging.INFO if owner in (w.server_args, os.environ) else logging.WARNING}, why
 
 
+def test_the_kernel_report_names_the_draft_phase_that_the_e2e_check_reads(fresh_counts, monkeypatch):
+    """kernel_report's ``draft phase``: the lean one, or SGLang's with the reason it was declined; the e2e tests'
+    check (tests.e2e.lean_draft_problem) passes only where every tree built came from a lean draft phase on one GPU,
+    and none under tensor parallelism or SGLANG_EAGLE_TRITON_LEAN_DRAFT=0."""
+    from tests.e2e import lean_draft_problem
+
+    monkeypatch.delenv(config.LEAN_DRAFT_ENV, raising=False)
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.adaptive_controller, w.cost_policy, w.lean_draft_on = None, None, True
+    fresh_counts.update({worker.LEAN_DRAFT: 5, worker.BUILD_TREE: 5})
+    report = w.kernel_report()
+    assert report["kernels"]["draft phase"].startswith("lean") and lean_draft_problem(report) is None
+    assert "lean draft phases where SGLang's" in lean_draft_problem(report, one_gpu=False)
+    assert "lean draft phases where SGLang's" in lean_draft_problem(report, paged_tree=True)
+    fresh_counts[worker.BUILD_TREE] = 6  # a tree built by SGLang's draft phase
+    assert lean_draft_problem(w.kernel_report()) == "lean draft phases 5 of 6 drafts"
+    w.lean_draft_on, w.lean_draft_declined = False, "--tp 2 (untested)"
+    fresh_counts[worker.LEAN_DRAFT] = 0
+    report = w.kernel_report()
+    assert report["kernels"]["draft phase"] == ("SGLang's prepare_for_draft and draft graphs (lean declined: --tp 2 "
+                                                "(untested))")
+    assert lean_draft_problem(report, one_gpu=False) is None and lean_draft_problem(report) is not None
+    w.lean_draft_declined = None  # declined without a reason in the report: caught
+    assert "draft phase is ''" in lean_draft_problem(w.kernel_report(), one_gpu=False)
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")  # SGLang's draft phase asked for: no report line expected
+    assert lean_draft_problem(w.kernel_report()) is None
+
+
 def test_the_lean_draft_glue_holds_where_prepare_for_draft_plans_no_kv_window():
     """glue.lean_draft_problems: none on the SGLang releases whose prepare_for_draft plans no KV window (0.5.17 -
     0.5.21); on 0.5.22+ (``target_translator``: a chain's kv_loc_plan) the lean draft is declined (refused under =1)."""
