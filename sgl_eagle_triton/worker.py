@@ -50,7 +50,6 @@ import logging
 import os
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import sglang
 import torch
@@ -201,11 +200,12 @@ _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILO
 def verify_graph_sizes(state) -> list[int]:
     """The batch sizes an adaptive runtime state's verify CUDA graphs were captured at, ascending (none without
     the state or its graphs)."""
-    return sorted(set(getattr(getattr(state, "target_graph_runner", None), "capture_bs", None) or ()))
+    return graph_sizes(getattr(state, "target_graph_runner", None))
 
 
-def draft_graph_sizes(runner) -> list[int]:
-    """The batch sizes a draft CUDA graph runner (SGLang's ``EAGLEDraftCudaGraphRunner``) captured, ascending."""
+def graph_sizes(runner) -> list[int]:
+    """The batch sizes a CUDA graph runner of SGLang's (``capture_bs``: a draft, decode or verify runner) captured,
+    ascending (none without the runner)."""
     return sorted(set(getattr(runner, "capture_bs", None) or ()))
 
 
@@ -656,7 +656,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         replay = {}
         for steps, state in sorted(states.items()):
             runners = (state.cuda_graph_runner, state.target_graph_runner, state.cuda_graph_runner_for_draft_extend)
-            if steps > 0 and getattr(self.draft_worker, "lean", False):  # the lean draft phase replays our drafter's
+            if steps > 0 and self.lean_draft_on:  # the lean draft phase replays our drafter's
                 # graphs (start_lean_draft, before this), not SGLang's draft graphs
                 lean = self.draft_worker._lean_graphs or {}
                 runners = (lean.get(self.draft_worker.drafter_shape(steps)), *runners[1:])
@@ -760,14 +760,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             return
         controller = self.adaptive_controller
         if controller is None:  # the one state: SGLang's draft graphs, its target's decode (verify) graphs
-            states = {None: SimpleNamespace(cuda_graph_runner=dw.cuda_graph_runner,
-                                            target_graph_runner=glue.target_graph_runner(
-                                                self.target_worker.model_runner))}
+            runners = {None: (dw.cuda_graph_runner, glue.target_graph_runner(self.target_worker.model_runner))}
         else:
-            states = {s: state for s, state in controller._states.items() if s}
+            runners = {s: (state.cuda_graph_runner, getattr(state, "target_graph_runner", None))
+                       for s, state in controller._states.items() if s}
         # a state without draft graphs (SGLang captures none at 1 step) at its verify graphs' sizes
-        shapes = {dw.drafter_shape(s): draft_graph_sizes(state.cuda_graph_runner) or verify_graph_sizes(state)
-                  for s, state in states.items()}
+        shapes = {dw.drafter_shape(s): graph_sizes(draft) or graph_sizes(target)
+                  for s, (draft, target) in runners.items()}
         captured = {shape: sizes for shape, sizes in shapes.items() if sizes}
         tic = time.perf_counter()
         if captured and not settings(self.server_args).disable_cuda_graph:

@@ -18,7 +18,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.launcher import Server
 from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
-from sgl_eagle_triton.worker import LEAN_DRAFT
+from sgl_eagle_triton.worker import BUILD_TREE, LEAN_DRAFT
 from tests.lossless import (
     CONTROL_CEILING,
     TIE_MARGIN,
@@ -67,7 +67,7 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
     for the run (the servers inherit it), and then the report names SGLang's draft phase."""
     expected = config.lean_draft_mode() != "off" and one_gpu and not paged_tree
     ran = report["ran"]
-    lean, trees = ran.get(LEAN_DRAFT, 0), ran.get("triton build_tree", 0)
+    lean, trees = ran.get(LEAN_DRAFT, 0), ran.get(BUILD_TREE, 0)
     if expected and not lean == trees > 0:
         return f"lean draft phases {lean} of {trees} drafts"
     if not expected and lean:

@@ -551,6 +551,7 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     # under the lean draft phase (the default where it can run) a drafting state's draft graphs are our drafter's
     w._draft_worker = SimpleNamespace(_fill_graphs="f0", lean=True, _lean_graphs={(1, 3, 4): "L3"},
                                       drafter_shape=lambda steps: (1, steps, steps + 1))
+    w.lean_draft_on = True  # as start_lean_draft leaves it
     seen.clear()
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append(runners) or {1: 1.0})
     w.init_cuda_graphs()

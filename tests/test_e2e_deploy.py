@@ -90,7 +90,7 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
     if os.environ.get("E2E_REPORT_DIR"):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"deploy-{deployment}.json"), "w") as f:
             json.dump(summary, f, indent=1)
-    for (_, _, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
+    for (_, topk, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
         assert not [b for b in entry["vs_nospec"]["stock"]["bugs"] if b[0] == "rescored-control"], entry["vs_nospec"]
         ours, stock = ({tuple(b[:3]) for b in entry["vs_nospec"][s]["bugs"]} for s in ("eagle_triton", "stock"))
         if deployment in NONDETERMINISTIC:
@@ -102,5 +102,5 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         assert accept["eagle_triton"] >= accept_share(reports[n]) * accept["stock"], (key, accept)
         assert reports[n]["errors"] == [] and reports[n]["ran"].get("triton fused drafter", 0) > 0, reports[n]
         # the lean draft phase on one GPU (each DP replica's), SGLang's under TP and for paged trees
-        paged = "--page-size" in flags and int(key.split(",")[1]) > 1
+        paged = "--page-size" in flags and topk > 1
         assert lean_draft_problem(reports[n], one_gpu=not deployment.startswith("tp"), paged_tree=paged) is None, key
