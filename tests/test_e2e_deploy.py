@@ -50,7 +50,10 @@ DEPLOYMENTS = {
 GPUS_NEEDED = {"dp2": 2}
 # Under an FP8 KV cache SGLang's own EAGLE3 departs from no speculation by more than a bf16 near-tie at a few
 # places (H200, 2026-11-26: 2 at fp8_e4m3, 4 at fp8_e5m2, of 32 outputs); EAGLE_TRITON departed at exactly the
-# same ones. There, ours may depart only where stock does (as lossless as SGLang's speculative path).
+# same ones. There, ours may depart only where stock does (as lossless as SGLang's speculative path). The
+# rescoring's control (no-spec's own tokens rescored by a prefill) is no bf16 near-tie there either: no-spec's
+# decode reads FP8 keys and values, the prefill's attention its own bf16 ones (H200, 2026-11-29, fp8_e4m3: no-spec
+# tokens up to 1.625 below the rescored best, above the 1.25 ceiling); the rescoring's bound is then that control's.
 STOCK_DEPARTS = {"fp8_e4m3", "fp8_e5m2"}
 # Without deterministic inference a target's logits depend on the batch they ran in, so departures beyond a bf16
 # near-tie can happen at places that differ between servers: there ours may depart no more often than stock does
@@ -91,7 +94,8 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         with open(os.path.join(os.environ["E2E_REPORT_DIR"], f"deploy-{deployment}.json"), "w") as f:
             json.dump(summary, f, indent=1)
     for (_, topk, n), (key, entry) in zip(trees, summary["trees"].items(), strict=True):
-        assert not [b for b in entry["vs_nospec"]["stock"]["bugs"] if b[0] == "rescored-control"], entry["vs_nospec"]
+        if deployment not in STOCK_DEPARTS:  # an FP8 KV decode is not a bf16 prefill: no ceiling on the control
+            assert not [b for b in entry["vs_nospec"]["stock"]["bugs"] if b[0] == "rescored-control"], entry["vs_nospec"]
         ours, stock = ({tuple(b[:3]) for b in entry["vs_nospec"][s]["bugs"]} for s in ("eagle_triton", "stock"))
         if deployment in NONDETERMINISTIC:
             assert len(ours) <= len(stock), (key, entry["vs_nospec"])
