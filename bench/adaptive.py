@@ -130,6 +130,10 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_lean": ("EAGLE_TRITON", "cost"),
     "eagle_triton_sglang_draft": ("EAGLE_TRITON", None),
     "eagle_triton_cost_sglang_draft": ("EAGLE_TRITON", "cost"),
+    # greedy chains verified after the target's graph (SYSTEM_ENV: SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=0; inside it
+    # is the default wherever it can run: verify_epilogue.py), beside eagle_triton / eagle_triton_cost
+    "eagle_triton_verify_after": ("EAGLE_TRITON", None),
+    "eagle_triton_cost_verify_after": ("EAGLE_TRITON", "cost"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
               "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
@@ -141,10 +145,12 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"},
-              "eagle_triton_cost_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"}}
+              "eagle_triton_cost_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"},
+              "eagle_triton_verify_after": {"SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH": "0"},
+              "eagle_triton_cost_verify_after": {"SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH": "0"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree
-# asked for by name only: the draft phase pinned either way
-LEAN_SYSTEMS = [system for system in SYSTEMS if system.endswith(("_lean", "_sglang_draft"))]
+# asked for by name only: the draft phase pinned either way, the greedy verify after the graph
+LEAN_SYSTEMS = [system for system in SYSTEMS if system.endswith(("_lean", "_sglang_draft", "_verify_after"))]
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:

@@ -71,6 +71,11 @@ PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value 
 # run); "0": SGLang's draft phase
 LEAN_DRAFT_ENV = "SGLANG_EAGLE_TRITON_LEAN_DRAFT"
 LEAN_DRAFT_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> lean_draft_mode()
+# The greedy verify of chains inside the target's verify CUDA graphs (sgl_eagle_triton.verify_epilogue). Unset:
+# wherever it can run (else SGLang's eagle_sample on our kernel, the reason logged and reported); "1": required
+# (refused at start where it cannot run); "0": off
+VERIFY_IN_GRAPH_ENV = "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH"
+VERIFY_IN_GRAPH_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value -> verify_in_graph_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -483,6 +488,12 @@ def _validate(sa) -> None:
     if lean_draft() and (why := lean_draft_unserved(sa)) is not None:
         what, change = why
         _refuse(f"{LEAN_DRAFT_ENV}=1 with {what}", f"{change}, or unset {LEAN_DRAFT_ENV}.")
+    if os.environ.get(VERIFY_IN_GRAPH_ENV, "0") not in ("0", "1"):
+        _refuse(f"{VERIFY_IN_GRAPH_ENV}={os.environ[VERIFY_IN_GRAPH_ENV]!r}", "Give 1 (greedy chains must be verified "
+                "inside the target's CUDA graphs) or 0 (outside them), or unset it (inside wherever it can run).")
+    if verify_in_graph_mode() == "on" and (why := verify_in_graph_unserved(sa)) is not None:
+        what, change = why
+        _refuse(f"{VERIFY_IN_GRAPH_ENV}=1 with {what}", f"{change}, or unset {VERIFY_IN_GRAPH_ENV}.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -544,6 +555,28 @@ def lean_draft_unserved(sa) -> tuple[str, str] | None:
         return (f"--page-size {sa.page_size} and --speculative-eagle-topk {sa.speculative_eagle_topk} (SGLang's "
                 "draft preparation copies each branch's prefix tail there)",
                 "Use --page-size 1 or --speculative-eagle-topk 1")
+    return None
+
+
+def verify_in_graph_mode() -> str:
+    """:data:`VERIFY_IN_GRAPH_ENV` as ``"auto"`` (unset: greedy chains verified inside the target's verify graphs
+    wherever that can run), ``"on"`` (``1``: required) or ``"off"`` (``0``); values the start-up refused read as
+    ``"off"``."""
+    return VERIFY_IN_GRAPH_MODES.get(os.environ.get(VERIFY_IN_GRAPH_ENV), "off")
+
+
+def verify_in_graph_unserved(sa) -> tuple[str, str] | None:
+    """Why the server args ``sa`` rule the greedy verify inside the target's graphs out, as ``(what, what to
+    change)``; None where they do not (SGLang's touchpoints and the graphs captured are checked by the worker:
+    ``EagleTritonWorkerV2.start_verify_in_graph``)."""
+    sa = glue_args.settings(sa)
+    if sa.tp_size > 1:
+        return f"--tp {sa.tp_size} (untested under tensor parallelism)", "Use --tp 1"
+    if sa.disable_cuda_graph:
+        return "--disable-cuda-graph (it runs inside CUDA graphs)", "Remove --disable-cuda-graph"
+    if (sa.speculative_eagle_topk or 1) > 1:
+        return (f"--speculative-eagle-topk {sa.speculative_eagle_topk} (it verifies chains only: topk 1)",
+                "Use --speculative-eagle-topk 1")
     return None
 
 

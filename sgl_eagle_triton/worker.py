@@ -45,6 +45,7 @@ error goes to the log and to ``/server_info`` (``internal_states[0]["eagle_trito
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -80,6 +81,7 @@ from sgl_eagle_triton.verify import (
     one_node_verify_attention,
     witnessed,
 )
+from sgl_eagle_triton.verify_epilogue import VerifyEpilogue, from_graph
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +115,13 @@ def _witness(what: str, before: int, when: str) -> None:
         _errors.append(message)
 
 
-def our_eagle_sample():
+def our_eagle_sample(epilogue: VerifyEpilogue | None = None):
     """What the worker puts in place of SGLang's ``eagle_sample``: :func:`sgl_eagle_triton.verify.eagle_sample`,
-    wrapped in benchmark mode by the simulated acceptance as stock's is (:mod:`sgl_eagle_triton.simulated_acceptance`);
-    decided once, at worker start, not at every verify."""
-    return simulated_acceptance.wrap(verify.eagle_sample) if simulated_acceptance.active() else verify.eagle_sample
+    greedy chains first from the target's verify graphs where ``epilogue`` serves them
+    (:func:`sgl_eagle_triton.verify_epilogue.from_graph`), wrapped in benchmark mode by the simulated acceptance as
+    stock's is (:mod:`sgl_eagle_triton.simulated_acceptance`); decided once, at worker start, not at every verify."""
+    sample = verify.eagle_sample if epilogue is None else from_graph(epilogue, verify.eagle_sample)
+    return simulated_acceptance.wrap(sample) if simulated_acceptance.active() else sample
 
 
 def with_tree_evidence(eagle_sample, evidence: TreeEvidence):
@@ -523,6 +527,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
     lean_draft_on = False  # the draft phase is the lean one (start_lean_draft)
     lean_draft_declined: str | None = None  # why the draft phase keeps SGLang's preparation (start_lean_draft)
+    verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
+    verify_in_graph_declined: str | None = None  # why greedy verifies run outside the target's graphs
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
 
     def __init__(self, *args, **kwargs):
@@ -531,7 +537,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.steps_in_force: Counter = Counter()  # adaptive: decode steps run at each step count
         self._cycle_position = 0
         self.cost_policy, self._policy_checked = None, False
-        self._eagle_sample = our_eagle_sample()
+        self.verify_epilogue = VerifyEpilogue() if config.verify_in_graph_mode() != "off" else None
+        self._eagle_sample = our_eagle_sample(self.verify_epilogue)
         with glue.swapped_draft_worker_class(TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
         logger.info(
@@ -579,7 +586,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         make_backend = runner._get_attention_backend
         with glue.swapped_draft_extend_width(n):
             if speculative_num_steps != 0:
-                state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
+                with self._chain_capture(speculative_num_steps, n):
+                    state = super().build_adaptive_runtime_state(speculative_num_steps, n, cuda_graph_bs)
             else:
                 epilogue = self._steps_0_graph_epilogue(runner)
                 with glue.swapped(runner, "_get_attention_backend",
@@ -640,12 +648,98 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         runner = self.target_worker.model_runner
         self.verify_attention = verify_attention_in_use(runner.attn_backend, runner)
         logger.info("%s: verify attention: %s", ALGORITHM_NAME, self.verify_attention)
+        self.mark_chain_graphs()
+
+    # -- greedy chains verified inside the target's verify graphs (sgl_eagle_triton.verify_epilogue) ---------------
+
+    def mark_chain_graphs(self) -> None:
+        """Before the scheduler captures the target's verify graphs (the initial state's): where the greedy verify of
+        chains may run inside them (:func:`config.verify_in_graph_unserved`, SGLang's NaN sanitising off, its capture
+        tail hooks in place), :attr:`verify_epilogue`'s hook goes into the target's captures, the initial state
+        marked as a chain; else it is declined (:meth:`_decline_verify_in_graph`)."""
+        epilogue, runner = self.verify_epilogue, self.target_worker.model_runner
+        if epilogue is None:
+            return
+        why, expected = None, False
+        if (unserved := config.verify_in_graph_unserved(self.server_args)) is not None:
+            why, expected = unserved[0], True
+        elif glue.sanitizes_nan_logits():
+            why, expected = "SGLANG_SANITIZE_NAN_LOGITS is set (SGLang's sampler rewrites the logits first)", True
+        elif problems := glue.graph_epilogue_problems(runner):
+            why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
+        if why is not None:
+            self._decline_verify_in_graph(why, expected)
+            return
+        glue.add_capture_tail_hook(runner, epilogue.hook)
+        epilogue.chain = self._chain(self.speculative_num_steps, self.speculative_num_draft_tokens)
+
+    @staticmethod
+    def _chain(steps: int, n: int) -> tuple[int, int] | None:
+        return (n, steps + 1) if steps >= 1 and n >= 2 else None
+
+    @contextlib.contextmanager
+    def _chain_capture(self, steps: int, n: int):
+        """While an adaptive state of ``steps`` / ``n`` draft tokens is built: its target graphs get the verify
+        epilogue (chains only: the server's topk is 1 wherever the epilogue was not declined)."""
+        epilogue = self.verify_epilogue
+        if epilogue is None or self.verify_in_graph_declined is not None:
+            yield
+            return
+        epilogue.chain = self._chain(steps, n)
+        try:
+            yield
+        finally:
+            epilogue.chain = None
+
+    def start_verify_in_graph(self) -> None:
+        """After every state's graphs are captured: each chain state whose target verify graphs replay whole
+        (SGLang's full CUDA-graph backend, not its ragged verify buckets) and each took the epilogue once has its
+        greedy verifies served from them; none: declined."""
+        epilogue = self.verify_epilogue
+        if epilogue is None or self.verify_in_graph_declined is not None:
+            return
+        controller = self.adaptive_controller
+        if controller is None:
+            states = {self.speculative_num_steps: (self.speculative_num_draft_tokens,
+                                                   glue.target_graph_runner(self.target_worker.model_runner))}
+        else:
+            states = {s: (state.speculative_num_draft_tokens, getattr(state, "target_graph_runner", None))
+                      for s, state in controller._states.items() if s}
+        left = []
+        for steps, (n, runner) in sorted(states.items()):
+            sizes = graph_sizes(runner)
+            if (sizes and glue.replays_whole_graphs(runner) and not getattr(runner, "ragged_verify_mode", False)
+                    and epilogue.sizes(n) == sizes):
+                epilogue.enable(n)
+            else:
+                left.append(f"{steps} steps (graphs of {sizes}, epilogue in {epilogue.sizes(n)})")
+        if not epilogue.enabled:
+            self._decline_verify_in_graph(f"no chain state's verify graphs took it: {'; '.join(left)}")
+            return
+        logger.info("%s: greedy chains of %s draft tokens are verified inside the target's graphs%s", ALGORITHM_NAME,
+                    sorted(epilogue.enabled), f" (not: {'; '.join(left)})" if left else "")
+
+    def _decline_verify_in_graph(self, why: str, expected: bool = False) -> None:
+        """Greedy verifies outside the target's graphs (SGLang's ``eagle_sample`` on our kernel), for ``why``: logged
+        (a warning unless ``expected``) and reported; under ``config.VERIFY_IN_GRAPH_ENV=1`` a RuntimeError."""
+        if config.verify_in_graph_mode() == "on":
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.VERIFY_IN_GRAPH_ENV}=1, but {why}. "
+                               f"Unset {config.VERIFY_IN_GRAPH_ENV}.")
+        self.verify_in_graph_declined = why
+        if self.verify_epilogue is not None:
+            self.verify_epilogue.chain = None
+            self.verify_epilogue.enabled.clear()
+        logger.log(logging.INFO if expected else logging.WARNING, "%s: greedy verifies run outside the target's "
+                   "graphs: %s", ALGORITHM_NAME, why)
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the kernels each decode step runs outside CUDA
         graphs compiled for every state (:meth:`compile_eager_kernels`), then the cost-aware policy's start-up costs:
         each state's draft, verify and draft-extend graphs replayed at every captured batch size."""
+        if self.verify_epilogue is not None:  # the initial state's target graphs were captured before this call
+            self.verify_epilogue.chain = None
         super().init_cuda_graphs()
+        self.start_verify_in_graph()
         self.start_plain_off()
         self.compile_eager_kernels()
         self.capture_draft_kv()
@@ -927,6 +1021,11 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         elif self.plain_off_declined is not None:
             kernels["steps 0"] = (f"SGLang's one-node verify, the draft KV fill (plain step declined: "
                                   f"{self.plain_off_declined})")
+        if self.verify_epilogue is not None and self.verify_epilogue.enabled:
+            kernels["greedy verify"] = (f"inside the target's verify graphs for chains of "
+                                        f"{sorted(self.verify_epilogue.enabled)} draft tokens")
+        elif self.verify_in_graph_declined is not None:
+            kernels["greedy verify"] = f"after the target's graphs (in-graph declined: {self.verify_in_graph_declined})"
         if self.lean_draft_on:
             kernels["draft phase"] = "lean: the fused drafter on the relayed draft input, then SGLang's verify input"
         elif self.lean_draft_declined is not None:

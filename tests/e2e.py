@@ -18,6 +18,7 @@ import torch
 from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.launcher import Server
 from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
+from sgl_eagle_triton.verify_epilogue import VERIFY_IN_GRAPH
 from sgl_eagle_triton.worker import BUILD_TREE, LEAN_DRAFT
 from tests.lossless import (
     CONTROL_CEILING,
@@ -75,6 +76,23 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
     phase = report["kernels"].get("draft phase", "")
     if config.lean_draft_mode() != "off" and not phase.startswith("lean" if expected else "SGLang's"):
         return f"the kernel report's draft phase is {phase!r}"
+    return None
+
+
+def verify_in_graph_problem(report: Mapping, one_gpu: bool = True, chain: bool = True) -> str | None:
+    """What is wrong with where an EAGLE_TRITON server's greedy verifies ran (its ``/server_info`` kernel report),
+    None if nothing: inside the target's verify graphs (the default) for some of them on one GPU with a chain (topk 1)
+    after greedy requests; none under tensor parallelism, with trees, or ``SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=0``
+    exported for the run."""
+    expected = config.verify_in_graph_mode() != "off" and one_gpu and chain
+    ran = report["ran"].get(VERIFY_IN_GRAPH, 0)
+    if expected and not ran:
+        return "no greedy verify ran inside the target's graph"
+    if not expected and ran:
+        return f"{ran} greedy verifies inside the target's graph where none should"
+    line = report["kernels"].get("greedy verify", "")
+    if expected and not line.startswith("inside"):
+        return f"the kernel report's greedy verify is {line!r}"
     return None
 
 

@@ -41,6 +41,7 @@ from tests.e2e import (
     serve_generate,
     tensor_parallel,
     verdicts,
+    verify_in_graph_problem,
 )
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
@@ -98,6 +99,8 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
         # every draft phase was the lean one (the default on one GPU), each building one tree; none under
         # SGLANG_EAGLE_TRITON_LEAN_DRAFT=0 exported for the run (the servers inherit the variable)
         assert lean_draft_problem(reports[key]) is None, reports[key]
+        # greedy chains verified inside the target's verify graphs (the default on one GPU)
+        assert verify_in_graph_problem(reports[key]) is None, reports[key]
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
     # steps 0 filled the draft KV alone, and every move from 0 to a draft went through one full draft extend

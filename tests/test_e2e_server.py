@@ -43,6 +43,7 @@ from tests.e2e import (
     serve_generate,
     tensor_parallel,
     verdicts,
+    verify_in_graph_problem,
 )
 from tests.tiny_models import TRAINED_PAIR, write_random_eagle1_pair
 
@@ -135,6 +136,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         # on one GPU every draft phase was the lean one (the default), each building one tree; under tensor
         # parallelism or SGLANG_EAGLE_TRITON_LEAN_DRAFT=0 exported for the run, none (SGLang's draft phase)
         assert lean_draft_problem(report_state, one_gpu=parallel == "tp1") is None, report_state
+        # greedy chains verified inside the target's verify graphs on one GPU (the default), trees after them
+        assert verify_in_graph_problem(report_state, one_gpu=parallel == "tp1", chain=topk == 1) is None, report_state
 
 
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])

@@ -25,6 +25,7 @@ from tests import (
     test_tree_evidence,
     test_tree_sampling,
     test_verify_attention,
+    test_verify_epilogue,
     test_verify_greedy,
 )
 
@@ -375,3 +376,28 @@ def test_tree_evidence_reading_one_draft_too_many_fails(monkeypatch, device):
                         lambda *args, bonus_included=False: real(*args, bonus_included=False))
     with pytest.raises(AssertionError, match="tried|passed"):
         test_tree_evidence.test_matches_twin(device, test_tree_evidence.CASES[2], True)
+
+
+def test_verify_epilogue_with_chain_links_one_node_long_fails(monkeypatch, device):
+    """The in-graph verify's chain: each node linked to the node after its child."""
+    chain = test_verify_epilogue.chain_tree
+
+    def long_links(bs, n, device):
+        index, next_token, sibling = chain(bs, n, device)
+        return index, torch.where(next_token + 1 < n, next_token + 1, -1), sibling
+
+    monkeypatch.setattr(test_verify_epilogue, "chain_tree", long_links)
+    with pytest.raises(AssertionError):
+        test_verify_epilogue.test_the_chain_tree_is_build_trees_tree_of_topk_1(3, 3, device)
+
+
+def test_verify_epilogue_writing_one_accepted_token_fewer_fails(monkeypatch):
+    """The in-graph verify's walk stopping one token early (its kernel's count and index corrupted)."""
+    from sgl_eagle_triton import verify_epilogue
+
+    def corrupt(args, kwargs, result):
+        args[2].copy_((args[2] - 1).clamp_min(0))
+
+    monkeypatch.setattr(verify_epilogue, "verify_tree_greedy", broken(verify_epilogue.verify_tree_greedy, corrupt))
+    with pytest.raises(AssertionError):
+        test_verify_epilogue.test_the_graph_writes_the_reference_walks_outputs(4, 3)

@@ -502,6 +502,21 @@ def capture_tail_hook(model_runner, hook):
         hooks.remove(hook)
 
 
+def add_capture_tail_hook(model_runner, hook) -> None:
+    """From now on SGLang's decode-graph captures of ``model_runner`` (the target's: every adaptive state's verify
+    graphs, the initial state's captured by the scheduler before the speculative worker's ``init_cuda_graphs``) call
+    ``hook(graph_runner, logits_output, forward_batch, num_tokens)`` after the forward, inside the graph."""
+    model_runner.capture_tail_hooks.append(hook)
+
+
+def sglang_simulates_acceptance() -> bool:
+    """SGLang's benchmark-only simulated acceptance is on (``SGLANG_SIMULATE_ACC_LEN`` > 0: its ``eagle_sample``
+    replaces what was accepted)."""
+    from sglang.srt.speculative import spec_utils
+
+    return spec_utils.SIMULATE_ACC_LEN > 0
+
+
 def argmax_is_sample(sampling_info) -> bool:
     """Whether SGLang's sampler (``ModelRunner.sample``) picks the argmax of the raw logits for every request of a
     batch with this ``SamplingBatchInfo``: all greedy, and nothing that changes the logits before it (custom logit
