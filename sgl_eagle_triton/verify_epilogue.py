@@ -1,5 +1,5 @@
-"""Greedy verification of a chain inside the target's verify CUDA graph (``SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH``,
-config.VERIFY_IN_GRAPH_ENV: unset = wherever it can run, 1 = required, 0 = off).
+"""Greedy verification of a chain inside the target's verify CUDA graph (``SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=1``,
+config.VERIFY_IN_GRAPH_ENV: opt-in, refused at start where it cannot run; unset or 0: off).
 
 A drafting state whose tree is a chain (topk 1, ``n`` draft tokens) verifies a greedy batch with ``argmax`` of the
 target's logits and our ``verify_tree_greedy`` kernel over a tree whose retrieve arrays are the same at every step

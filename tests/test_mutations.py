@@ -391,7 +391,7 @@ def test_verify_epilogue_with_chain_links_one_node_long_fails(monkeypatch, devic
         test_verify_epilogue.test_the_chain_tree_is_build_trees_tree_of_topk_1(3, 3, device)
 
 
-def test_verify_epilogue_writing_one_accepted_token_fewer_fails(monkeypatch):
+def test_verify_epilogue_writing_one_accepted_token_fewer_fails(monkeypatch, device):
     """The in-graph verify's walk stopping one token early (its kernel's count and index corrupted)."""
     from sgl_eagle_triton import verify_epilogue
 
@@ -400,4 +400,4 @@ def test_verify_epilogue_writing_one_accepted_token_fewer_fails(monkeypatch):
 
     monkeypatch.setattr(verify_epilogue, "verify_tree_greedy", broken(verify_epilogue.verify_tree_greedy, corrupt))
     with pytest.raises(AssertionError):
-        test_verify_epilogue.test_the_graph_writes_the_reference_walks_outputs(4, 3)
+        test_verify_epilogue.test_the_graph_writes_the_reference_walks_outputs(4, 3, device)

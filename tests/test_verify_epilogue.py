@@ -38,7 +38,7 @@ class _Graph:
     static input ids: the candidates, the bonus token first), logits whose argmax continues each request's chain
     for ``accepted[b]`` tokens then departs (distinct maxima, 1.0 above the rest: no near-ties)."""
 
-    def __init__(self, size, n, accepted, vocab=37, mode=ForwardMode.TARGET_VERIFY, seed=0):
+    def __init__(self, size, n, accepted, vocab=37, mode=ForwardMode.TARGET_VERIFY, seed=0, device="cpu"):
         g = torch.Generator().manual_seed(seed)
         self.candidates = torch.randint(0, vocab, (size, n), generator=g)
         target = torch.randint(0, vocab, (size, n), generator=g)
@@ -49,8 +49,8 @@ class _Graph:
         self.target = target
         logits = torch.rand(size * n, vocab, generator=g)
         logits[torch.arange(size * n), target.flatten()] = 2.0
-        self.out = SimpleNamespace(next_token_logits=logits, hidden_states=None)
-        self.fb = SimpleNamespace(forward_mode=mode, batch_size=size, input_ids=self.candidates.flatten().clone())
+        self.out = SimpleNamespace(next_token_logits=logits.to(device), hidden_states=None)
+        self.fb = SimpleNamespace(forward_mode=mode, batch_size=size, input_ids=self.candidates.flatten().to(device))
         self.num_tokens = size * n
 
     def capture(self, epilogue):
@@ -81,24 +81,24 @@ def _epilogue(n=4, capturing=True):
 
 
 @pytest.mark.parametrize("size,bs", [(1, 1), (4, 4), (4, 3), (8, 5)])
-def test_the_graph_writes_the_reference_walks_outputs(size, bs):
+def test_the_graph_writes_the_reference_walks_outputs(size, bs, device):
     """Accepting none, some and all of a chain, in a graph of the batch's size or padded to a larger one."""
     n = 4
     epilogue = _epilogue(n)
     accepted = [(b * 2) % n for b in range(size)]  # 0, 2, 0 (n - 1 = 3: all) ...
     accepted[-1] = n - 1
-    graph = _Graph(size, n, accepted, seed=size)
+    graph = _Graph(size, n, accepted, seed=size, device=device)
     graph.capture(epilogue)
     epilogue.enable(n)
     got = epilogue.outputs(_verify_input(n), bs, graph.replay_logits(bs))
     want = _want(graph, bs, n)
     for g, w in zip(got, want, strict=True):
-        assert g.dtype == torch.int32 and torch.equal(g, w)
+        assert g.dtype == torch.int32 and torch.equal(g.cpu(), w)
     assert got[1].tolist() == [m + 1 for m in accepted[:bs]]
 
 
-def test_outputs_are_copies_a_later_replay_does_not_change():
-    epilogue, graph = _epilogue(), _Graph(2, 4, [1, 3])
+def test_outputs_are_copies_a_later_replay_does_not_change(device):
+    epilogue, graph = _epilogue(), _Graph(2, 4, [1, 3], device=device)
     graph.capture(epilogue)
     epilogue.enable(4)
     predict, lens, index = epilogue.outputs(_verify_input(4), 2, graph.replay_logits(2))
@@ -106,9 +106,9 @@ def test_outputs_are_copies_a_later_replay_does_not_change():
     assert lens.tolist() == [2, 4] and (predict != -7).all() and (index != -7).all()
 
 
-def test_only_the_graph_that_ran_is_read():
+def test_only_the_graph_that_ran_is_read(device):
     epilogue = _epilogue()
-    graphs = {size: _Graph(size, 4, [1] * size, seed=size) for size in (1, 2, 4)}
+    graphs = {size: _Graph(size, 4, [1] * size, seed=size, device=device) for size in (1, 2, 4)}
     for graph in graphs.values():
         graph.capture(epilogue)
     vi = _verify_input(4)
@@ -121,18 +121,18 @@ def test_only_the_graph_that_ran_is_read():
     assert epilogue.outputs(_verify_input(4, topk=2), 2, graphs[2].replay_logits(2)) is None
     assert epilogue.outputs(_verify_input(4, steps=5), 2, graphs[2].replay_logits(2)) is None
     assert epilogue.outputs(_verify_input(3), 2, graphs[2].replay_logits(2)) is None  # another state's n
-    _Graph(2, 4, [0, 0], seed=9).capture(epilogue)  # a second graph of size 2: whose outputs is unknown
+    _Graph(2, 4, [0, 0], seed=9, device=device).capture(epilogue)  # a second graph of size 2: whose outputs is unknown
     assert epilogue.outputs(vi, 2, graphs[2].replay_logits(2)) is None and epilogue.sizes(4) == [1, 4]
 
 
-def test_other_graphs_and_warm_up_runs_are_left_alone():
+def test_other_graphs_and_warm_up_runs_are_left_alone(device):
     epilogue = _epilogue()
-    _Graph(2, 4, [1, 1], mode=ForwardMode.DECODE).capture(epilogue)
-    _Graph(2, 3, [1, 1]).capture(epilogue)  # three tokens a request: not the chain being captured
+    _Graph(2, 4, [1, 1], mode=ForwardMode.DECODE, device=device).capture(epilogue)
+    _Graph(2, 3, [1, 1], device=device).capture(epilogue)  # three tokens a request: not the chain being captured
     epilogue.chain = None
-    _Graph(2, 4, [1, 1]).capture(epilogue)
+    _Graph(2, 4, [1, 1], device=device).capture(epilogue)
     warm = _epilogue(capturing=False)
-    _Graph(2, 4, [1, 1]).capture(warm)
+    _Graph(2, 4, [1, 1], device=device).capture(warm)
     assert epilogue.captured == {} and warm.captured == {}
 
 
@@ -142,8 +142,8 @@ def _batch(**info):
 
 
 @pytest.mark.parametrize("case", ["greedy", "penalty", "bias", "sampled", "grammar", "uno", "simulated", "eager"])
-def test_a_verify_takes_the_graphs_outputs_only_where_the_argmax_is_the_sample(case, monkeypatch):
-    epilogue, graph = _epilogue(), _Graph(2, 4, [2, 0])
+def test_a_verify_takes_the_graphs_outputs_only_where_the_argmax_is_the_sample(case, monkeypatch, device):
+    epilogue, graph = _epilogue(), _Graph(2, 4, [2, 0], device=device)
     graph.capture(epilogue)
     epilogue.enable(4)
     calls = []
@@ -211,7 +211,7 @@ def _adaptive(**states):
                                     for s, (n, r) in states.items()})
 
 
-def test_each_chain_state_is_served_only_if_every_verify_graph_took_the_epilogue(monkeypatch):
+def test_each_chain_state_is_served_only_if_every_verify_graph_took_the_epilogue(monkeypatch, device):
     runners = {"1": (2, _runner([1, 2, 4])), "3": (4, _runner([1, 2, 4])), "5": (6, _runner([1, 2, 4])),
                "7": (8, _runner([1, 2, 4], whole=False)), "2": (3, _runner([1, 2, 4], ragged=True)),
                "0": (1, _runner([1, 2, 4]))}
@@ -219,7 +219,7 @@ def test_each_chain_state_is_served_only_if_every_verify_graph_took_the_epilogue
     for steps, (n, _) in runners.items():
         w.verify_epilogue.chain = (n, n)
         for size in (1, 2) if steps == "5" else (1, 2, 4):  # state 5 missed a graph
-            _Graph(size, n, [0] * size).capture(w.verify_epilogue)
+            _Graph(size, n, [0] * size, device=device).capture(w.verify_epilogue)
     w.start_verify_in_graph()
     assert w.verify_epilogue.enabled == {2, 4} and w.verify_in_graph_declined is None
     w = _worker(monkeypatch, adaptive=_adaptive(**{"5": runners["5"]}))
@@ -247,7 +247,7 @@ def test_the_variable_is_validated(monkeypatch):
         monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, value)
         assert config.verify_in_graph_mode() == mode
     monkeypatch.delenv(config.VERIFY_IN_GRAPH_ENV)
-    assert config.verify_in_graph_mode() == "auto"
+    assert config.verify_in_graph_mode() == "off"  # opt-in
     sa = SimpleNamespace(tp_size=1, disable_cuda_graph=True, speculative_eagle_topk=1)
     monkeypatch.setattr(config.glue_args, "settings", lambda sa: sa)
     assert "--disable-cuda-graph" in config.verify_in_graph_unserved(sa)[0]
@@ -262,8 +262,7 @@ def test_the_module_names_its_report_key():
 def test_the_kernel_report_says_where_greedy_verifies_ran_as_the_e2e_check_reads(monkeypatch):
     from tests.e2e import verify_in_graph_problem
 
-    monkeypatch.delenv(config.VERIFY_IN_GRAPH_ENV, raising=False)
-    monkeypatch.setattr(verify_epilogue, "RAN", RAN)
+    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "1")
     w = _worker(monkeypatch)
     w.cost_policy = None
     w.verify_epilogue.enable(4)
@@ -308,7 +307,7 @@ def test_the_epilogue_replayed_in_a_cuda_graph_matches_the_reference_walk():
     assert epilogue.sizes(n) == [size]
     epilogue.enable(n)
     for seed, bs in ((1, 8), (2, 5), (3, 1)):
-        case = _Graph(size, n, [(seed + b) % n for b in range(size)], vocab=vocab, seed=seed)
+        case = _Graph(size, n, [(seed + b) % n for b in range(size)], vocab=vocab, seed=seed, device="cuda")
         logits_in.copy_(case.out.next_token_logits)
         fb.input_ids.copy_(case.fb.input_ids)
         graph.replay()
