@@ -10,6 +10,10 @@ speculative servers alike), and of the EAGLE worker's host time inside ``forward
 lines: speculative servers only), and of each part of ``run_batch`` (``run_batch parts`` lines), as a markdown table
 in ms. Medians, since one log mixes the batch sizes a sweep
 ran (read such a table as shares, or give each batch its own run).
+
+With ``--arms`` (logs of servers running an A/B inside themselves, ``SGLANG_EAGLE_TRITON_AB_STEPS``): per log, each
+arm's median host period and host time in ``forward_batch_generation``, and the ratio of the two arms line by line
+(each line's arms shared that window's host, batch and requests) as a geometric mean with its 90 % t-interval.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import argparse
 import statistics
 from pathlib import Path
 
+from bench.interleave import paired_ratio
 from sgl_eagle_triton.cycle_timing import (
     RUN_BATCH_PARTS,
     SCHEDULER_STAGES,
+    parse_arm_summaries,
     parse_parts_summaries,
     parse_stage_summaries,
     parse_summaries,
@@ -55,12 +61,53 @@ def table(rows: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+ARM_KEYS = ("host_period", "host_in_forward")
+
+
+def arms(text: str, skip: int = 1, first: str = "in-graph", second: str = "after") -> dict:
+    """Rank 0's arm lines of an A/B inside one server (after the first ``skip``): per arm and key of
+    :data:`ARM_KEYS` the median (ms), and per key the ratios ``first`` / ``second`` of each line with both arms
+    (:func:`bench.interleave.paired_ratio`: geometric mean, 90 % t-interval; None below two lines); ``lines``: how
+    many lines had both arms."""
+    lines = [line["arms"] for line in parse_arm_summaries(text) if line["rank"] == 0][skip:]
+    both = [line for line in lines if first in line and second in line]
+    row = {"lines": len(both)}
+    for arm in (first, second):
+        for key in ARM_KEYS:
+            values = [line[arm][key] for line in both if line[arm][key] is not None]
+            row[arm, key] = statistics.median(values) if values else None
+    for key in ARM_KEYS:
+        pairs = [(line[first][key], line[second][key]) for line in both
+                 if line[first][key] is not None and line[second][key] is not None]
+        row["ratio", key] = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+    return row
+
+
+def arms_table(rows: dict, first: str = "in-graph", second: str = "after") -> str:
+    """Markdown: one row per log name of :func:`arms`."""
+    head = ["log", "lines", *(f"{arm} {key} (ms)" for arm in (first, second) for key in ARM_KEYS),
+            *(f"{first} / {second} {key}" for key in ARM_KEYS)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, row in rows.items():
+        cells = ["-" if row[arm, key] is None else f"{row[arm, key]:.3f}" for arm in (first, second)
+                 for key in ARM_KEYS]
+        cells += ["-" if (p := row["ratio", key]) is None else f"{p['geomean']:.3f} ({p['low']:.3f}-{p['high']:.3f})"
+                  for key in ARM_KEYS]
+        out.append(f"| {name} | {row['lines']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--skip", type=int, default=1, help="summary lines skipped at the start of each log")
+    parser.add_argument("--arms", action="store_true", help="the arms of an A/B inside each server instead")
     args = parser.parse_args()
-    print(table({log.stem: split(log.read_text(errors="replace"), args.skip) for log in args.logs}), end="")
+    texts = {log.stem: log.read_text(errors="replace") for log in args.logs}
+    if args.arms:
+        print(arms_table({name: arms(text, args.skip) for name, text in texts.items()}), end="")
+    else:
+        print(table({name: split(text, args.skip) for name, text in texts.items()}), end="")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
+# Diagnostics, with CYCLE_TIMING_ENV and VERIFY_IN_GRAPH_ENV=1: an A/B inside one server, the greedy verify inside the
+# target's graphs (arm "in-graph") and after them (arm "after") alternating every this many decode steps, each arm's
+# host time logged beside the cycle timing's summaries (bench.stage_split --arms): both arms share the server's host,
+# batch and hour, so host-work differences far below the run-to-run spread of two servers resolve
+AB_STEPS_ENV = "SGLANG_EAGLE_TRITON_AB_STEPS"
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
 # sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
@@ -469,6 +474,12 @@ def _validate(sa) -> None:
     if cycle_profile_top() is None:
         _refuse(f"{CYCLE_PROFILE_ENV}={os.environ[CYCLE_PROFILE_ENV]!r}", "Give a whole number of functions > 0, "
                 "or unset it.")
+    if ab_steps() is None:
+        _refuse(f"{AB_STEPS_ENV}={os.environ[AB_STEPS_ENV]!r}", "Give a whole number of decode steps > 0, or unset it.")
+    if ab_steps() and not (cycle_timing_every() and os.environ.get(VERIFY_IN_GRAPH_ENV) == "1"):
+        _refuse(f"{AB_STEPS_ENV} without {CYCLE_TIMING_ENV} and {VERIFY_IN_GRAPH_ENV}=1 (it alternates the verify in "
+                "the target's graphs and after them, timed by the cycle timing)",
+                f"Set {CYCLE_TIMING_ENV}=<decode steps> and {VERIFY_IN_GRAPH_ENV}=1 too, or unset {AB_STEPS_ENV}.")
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
@@ -514,6 +525,11 @@ def _count_env(name: str) -> int | None:
 def cycle_timing_every() -> int | None:
     """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
     return _count_env(CYCLE_TIMING_ENV)
+
+
+def ab_steps() -> int | None:
+    """:data:`AB_STEPS_ENV` as a number of decode steps per arm (0 when unset; None when not a whole number > 0)."""
+    return _count_env(AB_STEPS_ENV)
 
 
 def cycle_profile_top() -> int | None:

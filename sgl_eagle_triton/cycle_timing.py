@@ -83,6 +83,9 @@ class CycleTiming:
         self.sums = dict(host_period=0.0, host_in_forward=0.0, gpu_step=0.0, gpu_idle=0.0)
         self.counts = dict(paired=0, steps=0)
         self._paired = False
+        # an A/B inside one server (config.AB_STEPS_ENV): the arm the worker put the step in; "" (none) otherwise
+        self.arm = ""
+        self.arms: dict[str, dict] = {}  # arm -> its sums since the last summary (arms_summary)
 
     def break_chain(self) -> None:
         self._paired = False
@@ -97,23 +100,35 @@ class CycleTiming:
             finally:
                 self.profiler.disable()
         finally:
-            self.pending.append((enter, self.clock(), start, self.event(), self._paired))
+            self.pending.append((enter, self.clock(), start, self.event(), self._paired, self.arm))
             self._paired = True
             self._collect()
 
     def _collect(self) -> None:
         while self.pending and self.pending[0][3].query():
-            enter, leave, start, end, paired = self.pending.popleft()
+            enter, leave, start, end, paired, arm = self.pending.popleft()
             self.counts["steps"] += 1
             self.sums["host_in_forward"] += (leave - enter) * 1e3
             self.sums["gpu_step"] += start.elapsed_time(end)
+            if arm:
+                sums = self._arm_sums(arm)
+                sums["steps"] += 1
+                sums["host_in_forward"] += (leave - enter) * 1e3
+                sums["gpu_step"] += start.elapsed_time(end)
             if paired and self.last is not None:
                 self.counts["paired"] += 1
                 self.sums["host_period"] += (enter - self.last[0]) * 1e3
                 self.sums["gpu_idle"] += self.last[3].elapsed_time(start)
-            self.last = (enter, leave, start, end)
+                if self.last[4]:  # a period belongs to the arm of the step that began it
+                    sums = self._arm_sums(self.last[4])
+                    sums["paired"] += 1
+                    sums["host_period"] += (enter - self.last[0]) * 1e3
+            self.last = (enter, leave, start, end, arm)
             if self.counts["steps"] >= self.every:
                 self.log(self.summary())
+                if self.arms:
+                    self.log(self.arms_summary())
+                    self.arms = {}
                 if self.profiler is not None and self.profiler.getstats():  # two summaries at once: one report
                     self.log(self.profile_report())
                     self.profiler = cProfile.Profile()
@@ -124,6 +139,22 @@ class CycleTiming:
         """The profiled launches since the last report: the ``profile_top`` functions of most own time, then of most
         cumulative time (pstats' listings; the profile covers the launches of steps not yet summarised too)."""
         return _profile_report(self.profiler, self.profile_top, f"{self.name} cycle profile, rank {self.rank}")
+
+    def _arm_sums(self, arm: str) -> dict:
+        return self.arms.setdefault(arm, dict(steps=0, paired=0, host_in_forward=0.0, gpu_step=0.0, host_period=0.0))
+
+    def arms_summary(self) -> str:
+        """One line for the arms of an A/B inside this server since the last summary: per arm its mean host period
+        (from each of its steps to the next step), host time in ``forward_batch_generation``, GPU step span, steps."""
+
+        def arm_text(arm, sums):
+            steps, paired = max(sums["steps"], 1), sums["paired"]
+            period = f"{sums['host_period'] / paired:.3f} ms" if paired else "n/a"
+            return (f"{arm}: host period {period}, in forward {sums['host_in_forward'] / steps:.3f} ms, gpu step "
+                    f"{sums['gpu_step'] / steps:.3f} ms, {sums['steps']} steps")
+
+        return (f"{self.name} cycle timing arms, rank {self.rank}: "
+                + " ; ".join(arm_text(arm, sums) for arm, sums in sorted(self.arms.items())))
 
     def summary(self) -> str:
         steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
@@ -322,6 +353,24 @@ def parse_summaries(text: str) -> list[dict]:
     return [dict(name=m["name"], rank=int(m["rank"]), steps=int(m["steps"]), paired=int(m["paired"]),
                  **{key: ms(m[key]) for key in ("host_period", "host_in_forward", "gpu_step", "gpu_idle")})
             for m in _SUMMARY.finditer(text)]
+
+
+_ARMS_SUMMARY = re.compile(r"(?P<name>\S+) cycle timing arms, rank (?P<rank>\d+): (?P<arms>.*)")
+_ARM = re.compile(r"(?P<arm>[\w-]+): host period (?P<host_period>n/a|[\d.]+ ms), in forward "
+                  r"(?P<host_in_forward>[\d.]+) ms, gpu step (?P<gpu_step>[\d.]+) ms, (?P<steps>\d+) steps")
+
+
+def parse_arm_summaries(text: str) -> list[dict]:
+    """Every :meth:`CycleTiming.arms_summary` line in ``text``: ``name``, ``rank`` and ``arms``: {arm: {``steps``,
+    ``host_period`` (None where n/a), ``host_in_forward``, ``gpu_step`` in ms}}."""
+    rows = []
+    for m in _ARMS_SUMMARY.finditer(text):
+        arms = {a["arm"]: dict(steps=int(a["steps"]), host_in_forward=float(a["host_in_forward"]),
+                               gpu_step=float(a["gpu_step"]),
+                               host_period=None if a["host_period"] == "n/a" else float(a["host_period"][:-3]))
+                for a in _ARM.finditer(m["arms"])}
+        rows.append(dict(name=m["name"], rank=int(m["rank"]), arms=arms))
+    return rows
 
 
 def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int = 0):

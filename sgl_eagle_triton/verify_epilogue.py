@@ -65,6 +65,7 @@ class VerifyEpilogue:
         self.captured: dict[tuple[int, int], _Captured] = {}  # (n, size) -> what that graph writes
         self.ambiguous: set[tuple[int, int]] = set()  # captured more than once: not used
         self.enabled: set[int] = set()  # n of the chains served
+        self.paused = False  # the verify after the graph for now (an A/B inside one server: config.AB_STEPS_ENV)
         self._trees: dict[tuple, tuple] = {}  # (size, n, device) -> chain_tree, made once (outside the capture)
 
     def hook(self, graph_runner, logits_output, forward_batch, num_tokens: int) -> None:
@@ -120,8 +121,9 @@ def from_graph(epilogue: VerifyEpilogue, eagle_sample):
     ``epilogue`` where :meth:`VerifyEpilogue.outputs` has it and SGLang's sampler would pick the argmax."""
 
     def sample(verify_input, batch, logits_output, grammar_mask=None, *args, **kwargs):
-        if (epilogue.enabled and grammar_mask is None and not args and kwargs.get("uno_target_max_top_k") is None
-                and kwargs.get("watermark_state") is None and not batch.forward_mode.is_idle()
+        if (epilogue.enabled and not epilogue.paused and grammar_mask is None and not args
+                and kwargs.get("uno_target_max_top_k") is None and kwargs.get("watermark_state") is None
+                and not batch.forward_mode.is_idle()
                 and glue.argmax_is_sample(batch.sampling_info) and not glue.sglang_simulates_acceptance()):
             outputs = epilogue.outputs(verify_input, batch.seq_lens.shape[0], logits_output.next_token_logits)
             if outputs is not None:

@@ -529,6 +529,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     lean_draft_declined: str | None = None  # why the draft phase keeps SGLang's preparation (start_lean_draft)
     verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
     verify_in_graph_declined: str | None = None  # why greedy verifies run outside the target's graphs
+    _ab_steps = _ab_count = 0  # an A/B inside this server (config.AB_STEPS_ENV): steps per arm, decode steps so far
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
 
     def __init__(self, *args, **kwargs):
@@ -538,6 +539,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self._cycle_position = 0
         self.cost_policy, self._policy_checked = None, False
         self.verify_epilogue = VerifyEpilogue() if config.verify_in_graph_mode() != "off" else None
+        self._ab_steps = config.ab_steps() if self.verify_epilogue is not None else 0
         self._eagle_sample = our_eagle_sample(self.verify_epilogue)
         with glue.swapped_draft_worker_class(TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
@@ -917,9 +919,23 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         """SGLang's (under :data:`config.CYCLE_TIMING_ENV` timed as stock's: the plugin wraps the parent's). A prefill
         (or a gap before one: a new request) falls between two decode steps and belongs to neither's cycle: the cost
         policy does not time the decode step after it."""
-        if self.cost_policy is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
+        extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        if self.cost_policy is not None and extend:
             self.cost_policy.forget_last_step()
+        if self._ab_steps and not extend and not batch.forward_mode.is_idle():
+            self._next_ab_arm()
         return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _next_ab_arm(self) -> None:
+        """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run verifies greedy chains inside
+        the target's graphs (arm ``in-graph``) or after them (``after``), alternating every ``_ab_steps`` steps; the
+        cycle timing, which times this step, is told its arm."""
+        after = (self._ab_count // self._ab_steps) % 2 == 1
+        self._ab_count += 1
+        self.verify_epilogue.paused = after
+        timing = self.__dict__.get("_cycle_timing")  # cycle_timing.timed_forward's, made at the first decode step
+        if timing is not None:
+            timing.arm = "after" if after else "in-graph"
 
     def _build_trivial_verify_input(self, batch, *args, **kwargs):
         """SGLang's one-node verify input of a steps-0 step; the plain step's (:meth:`PlainOff.verify_input`, and then

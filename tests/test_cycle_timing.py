@@ -358,3 +358,40 @@ def test_a_nested_stage_counts_in_the_outer_one_and_a_refused_profiler_never_fai
     assert stages.open["process_batch_result"] == 0.0
     assert stages.profiler is None and logged == ["no-spec scheduler profile, rank 0: off (Another profiling tool "
                                                   "is already active)"]
+
+
+def test_an_ab_inside_one_server_times_each_arm_apart():
+    """Arms alternating every two steps (config.AB_STEPS_ENV): arm "a" launches in 1 ms, "b" in 3 ms, each step's
+    period (to the next step's call) belongs to the arm of the step that began it; one arms line after each summary,
+    read back by parse_arm_summaries and paired line by line by bench.stage_split --arms."""
+    from bench import stage_split
+    from sgl_eagle_triton.cycle_timing import parse_arm_summaries
+
+    gpu, host, logged = FakeGpu(), [0.0], []
+    timing = CycleTiming(8, event=gpu.event, clock=lambda: host[0] / 1e3, log=logged.append)
+    gpu.done = 1e9
+    for i in range(17):
+        timing.arm = "a" if (i // 2) % 2 == 0 else "b"
+        launch_ms = 1.0 if timing.arm == "a" else 3.0
+
+        def launch(ms=launch_ms):
+            host[0] += ms
+
+        timing.step(launch)
+        host[0] += 5.0
+    arms_lines = [line for line in logged if "cycle timing arms" in line]
+    assert len(arms_lines) == 2
+    assert arms_lines[0] == ("EAGLE_TRITON cycle timing arms, rank 0: a: host period 6.000 ms, in forward 1.000 ms, "
+                             "gpu step 0.000 ms, 4 steps ; b: host period 8.000 ms, in forward 3.000 ms, gpu step "
+                             "0.000 ms, 4 steps")
+    parsed = parse_arm_summaries("\n".join(logged))
+    assert parsed[0]["arms"]["b"] == {"steps": 4, "host_in_forward": 3.0, "gpu_step": 0.0, "host_period": 8.0}
+    row = stage_split.arms("\n".join(logged), skip=0, first="a", second="b")
+    assert row["lines"] == 2 and row["a", "host_in_forward"] == 1.0
+    assert row["ratio", "host_in_forward"]["geomean"] == pytest.approx(1 / 3)
+    assert "| log | 2 |" in stage_split.arms_table({"log": row}, first="a", second="b")
+    plain = CycleTiming(2, event=gpu.event, log=logged.append)
+    logged.clear()
+    for _ in range(2):
+        plain.step(lambda: None)
+    assert len(logged) == 1  # no arms: no arms line

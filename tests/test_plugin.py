@@ -616,6 +616,27 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
     _args()
 
 
+def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkeypatch):
+    """SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH: 0 or 1, 1 refused with trees; SGLANG_EAGLE_TRITON_AB_STEPS (diagnostics):
+    a whole number of steps, only with the cycle timing and the verify in the graph it alternates."""
+    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "yes")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH='yes'.*Give 1"):
+        _args()
+    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "1")
+    with pytest.raises(EagleTritonConfigError, match="VERIFY_IN_GRAPH=1 with --speculative-eagle-topk 4.*topk 1"):
+        _args("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    monkeypatch.setenv(config.AB_STEPS_ENV, "many")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_AB_STEPS='many'.*whole number"):
+        _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    monkeypatch.setenv(config.AB_STEPS_ENV, "16")
+    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
+        _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
+    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+
+
 def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):
     """SGLANG_EAGLE_TRITON_PLAIN_OFF (adaptive steps 0 as a plain decode step): 0 or 1, and 1 only
     with --speculative-adaptive, each refusal naming what to change."""

@@ -314,3 +314,37 @@ def test_the_epilogue_replayed_in_a_cuda_graph_matches_the_reference_walk():
         got = epilogue.outputs(_verify_input(n), bs, out["logits"][: bs * n])
         for g, w in zip(got, _want(case, bs, n), strict=True):
             assert torch.equal(g.cpu(), w)
+
+
+def test_an_ab_inside_one_server_alternates_the_verify_every_n_decode_steps(monkeypatch):
+    """config.AB_STEPS_ENV: blocks of N decode steps verify in the graph, then after it, the cycle timing told each
+    step's arm; a prefill or an idle batch is no step of either."""
+    parent = EagleTritonWorkerV2.__mro__[1]
+    monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: "out")
+    w = _worker(monkeypatch)
+    w.cost_policy, w._ab_steps = None, 2
+    w._cycle_timing = SimpleNamespace(arm="")
+    seen = []
+
+    def step(extend=False, idle=False):
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: extend, is_idle=lambda: idle),
+                                is_extend_in_batch=False)
+        w.forward_batch_generation(batch)
+        seen.append((w._cycle_timing.arm, w.verify_epilogue.paused))
+
+    for _ in range(3):
+        step()
+    step(extend=True)
+    step(idle=True)
+    step()
+    assert seen == [("in-graph", False), ("in-graph", False), ("after", True), ("after", True), ("after", True),
+                    ("after", True)]
+    step()
+    assert seen[-1] == ("in-graph", False)
+
+
+def test_an_ab_needs_the_cycle_timing_and_the_verify_in_graph(monkeypatch):
+    monkeypatch.setenv(config.AB_STEPS_ENV, "16")
+    assert config.ab_steps() == 16
+    monkeypatch.setenv(config.AB_STEPS_ENV, "x")
+    assert config.ab_steps() is None
