@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 
 from bench.interleave import paired_ratio
+from sgl_eagle_triton.config import AB_ARMS
 from sgl_eagle_triton.cycle_timing import (
     RUN_BATCH_PARTS,
     SCHEDULER_STAGES,
@@ -64,14 +65,24 @@ def table(rows: dict) -> str:
 ARM_KEYS = ("host_period", "host_in_forward")
 
 
-def arms(text: str, skip: int = 1, first: str = "in-graph", second: str = "after") -> dict:
-    """Rank 0's arm lines of an A/B inside one server (after the first ``skip``): per arm and key of
+def arm_names(text: str) -> tuple[str, str]:
+    """The (on, off) arms of config.AB_ARMS whose names rank 0's arm lines in ``text`` carry (the first feature's when
+    none do)."""
+    seen = {arm for line in parse_arm_summaries(text) if line["rank"] == 0 for arm in line["arms"]}
+    return next((pair for pair in AB_ARMS.values() if set(pair) <= seen), next(iter(AB_ARMS.values())))
+
+
+def arms(text: str, skip: int = 1, first: str | None = None, second: str | None = None) -> dict:
+    """Rank 0's arm lines of an A/B inside one server (after the first ``skip``; arms ``first`` / ``second``, by
+    default :func:`arm_names`'): ``names``: the two arms; per arm and key of
     :data:`ARM_KEYS` the median (ms), and per key the ratios ``first`` / ``second`` of each line with both arms
     (:func:`bench.interleave.paired_ratio`: geometric mean, 90 % t-interval; None below two lines); ``lines``: how
     many lines had both arms."""
+    if first is None or second is None:
+        first, second = arm_names(text)
     lines = [line["arms"] for line in parse_arm_summaries(text) if line["rank"] == 0][skip:]
     both = [line for line in lines if first in line and second in line]
-    row = {"lines": len(both)}
+    row = {"lines": len(both), "names": (first, second)}
     for arm in (first, second):
         for key in ARM_KEYS:
             values = [line[arm][key] for line in both if line[arm][key] is not None]
@@ -83,17 +94,18 @@ def arms(text: str, skip: int = 1, first: str = "in-graph", second: str = "after
     return row
 
 
-def arms_table(rows: dict, first: str = "in-graph", second: str = "after") -> str:
-    """Markdown: one row per log name of :func:`arms`."""
-    head = ["log", "lines", *(f"{arm} {key} (ms)" for arm in (first, second) for key in ARM_KEYS),
-            *(f"{first} / {second} {key}" for key in ARM_KEYS)]
+def arms_table(rows: dict) -> str:
+    """Markdown: one row per log name of :func:`arms` (arms named in each row: on, then off)."""
+    head = ["log", "lines", "arms (on / off)", *(f"{arm} {key} (ms)" for arm in ("on", "off") for key in ARM_KEYS),
+            *(f"on / off {key}" for key in ARM_KEYS)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in rows.items():
+        first, second = row["names"]
         cells = ["-" if row[arm, key] is None else f"{row[arm, key]:.3f}" for arm in (first, second)
                  for key in ARM_KEYS]
         cells += ["-" if (p := row["ratio", key]) is None else f"{p['geomean']:.3f} ({p['low']:.3f}-{p['high']:.3f})"
                   for key in ARM_KEYS]
-        out.append(f"| {name} | {row['lines']} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | {row['lines']} | {first} / {second} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -60,11 +60,14 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
-# Diagnostics, with CYCLE_TIMING_ENV and VERIFY_IN_GRAPH_ENV=1: an A/B inside one server, the greedy verify inside the
-# target's graphs (arm "in-graph") and after them (arm "after") alternating every this many decode steps, each arm's
-# host time logged beside the cycle timing's summaries (bench.stage_split --arms): both arms share the server's host,
-# batch and hour, so host-work differences far below the run-to-run spread of two servers resolve
+# Diagnostics, with CYCLE_TIMING_ENV: an A/B inside one server, a feature (AB_FEATURE_ENV) on and off alternating every
+# this many decode steps, each arm's host time logged beside the cycle timing's summaries (bench.stage_split --arms):
+# both arms share the server's host, batch and hour, so host-work differences far below the run-to-run spread of two
+# servers resolve. Features and their arms (on, off): the greedy verify inside the target's graphs (needs
+# VERIFY_IN_GRAPH_ENV=1), the lean draft phase (where it runs; off: SGLang's draft phase, whose graphs are captured)
 AB_STEPS_ENV = "SGLANG_EAGLE_TRITON_AB_STEPS"
+AB_FEATURE_ENV = "SGLANG_EAGLE_TRITON_AB_FEATURE"  # unset: verify_in_graph
+AB_ARMS = {"verify_in_graph": ("in-graph", "after"), "lean_draft": ("lean", "sglang-draft")}
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
 # sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
@@ -476,10 +479,18 @@ def _validate(sa) -> None:
                 "or unset it.")
     if ab_steps() is None:
         _refuse(f"{AB_STEPS_ENV}={os.environ[AB_STEPS_ENV]!r}", "Give a whole number of decode steps > 0, or unset it.")
-    if ab_steps() and not (cycle_timing_every() and os.environ.get(VERIFY_IN_GRAPH_ENV) == "1"):
-        _refuse(f"{AB_STEPS_ENV} without {CYCLE_TIMING_ENV} and {VERIFY_IN_GRAPH_ENV}=1 (it alternates the verify in "
-                "the target's graphs and after them, timed by the cycle timing)",
-                f"Set {CYCLE_TIMING_ENV}=<decode steps> and {VERIFY_IN_GRAPH_ENV}=1 too, or unset {AB_STEPS_ENV}.")
+    if ab_feature() is None:
+        _refuse(f"{AB_FEATURE_ENV}={os.environ[AB_FEATURE_ENV]!r}", f"Give one of {', '.join(AB_ARMS)}, or unset it.")
+    if ab_steps() and not cycle_timing_every():
+        _refuse(f"{AB_STEPS_ENV} without {CYCLE_TIMING_ENV} (each arm is timed by the cycle timing)",
+                f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "verify_in_graph" and verify_in_graph_mode() != "on":
+        _refuse(f"{AB_STEPS_ENV} for verify_in_graph without {VERIFY_IN_GRAPH_ENV}=1 (the arms alternate it)",
+                f"Set {VERIFY_IN_GRAPH_ENV}=1 too, or unset {AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "lean_draft" and (lean_draft_mode() == "off" or lean_draft_unserved(sa)):
+        _refuse(f"{AB_STEPS_ENV} for lean_draft where the lean draft phase does not run (the arms alternate it)",
+                f"Unset {LEAN_DRAFT_ENV}, serve one GPU without the draft check or paged trees, or unset "
+                f"{AB_STEPS_ENV}.")
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
@@ -525,6 +536,13 @@ def _count_env(name: str) -> int | None:
 def cycle_timing_every() -> int | None:
     """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
     return _count_env(CYCLE_TIMING_ENV)
+
+
+def ab_feature() -> str | None:
+    """:data:`AB_FEATURE_ENV`: the feature an A/B inside one server alternates (a key of :data:`AB_ARMS`;
+    ``verify_in_graph`` when unset; None when not one)."""
+    value = os.environ.get(AB_FEATURE_ENV) or "verify_in_graph"
+    return value if value in AB_ARMS else None
 
 
 def ab_steps() -> int | None:

@@ -530,6 +530,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
     verify_in_graph_declined: str | None = None  # why greedy verifies run outside the target's graphs
     _ab_steps = _ab_count = 0  # an A/B inside this server (config.AB_STEPS_ENV): steps per arm, decode steps so far
+    _ab_feature = "verify_in_graph"  # what its arms alternate (config.AB_FEATURE_ENV)
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
 
     def __init__(self, *args, **kwargs):
@@ -539,7 +540,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self._cycle_position = 0
         self.cost_policy, self._policy_checked = None, False
         self.verify_epilogue = VerifyEpilogue() if config.verify_in_graph_mode() != "off" else None
-        self._ab_steps = config.ab_steps() if self.verify_epilogue is not None else 0
+        self._ab_steps, self._ab_feature = config.ab_steps() or 0, config.ab_feature()
         self._eagle_sample = our_eagle_sample(self.verify_epilogue)
         with glue.swapped_draft_worker_class(TritonEagleDraftWorker):
             super().__init__(*args, **kwargs)
@@ -927,15 +928,23 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         return super().forward_batch_generation(batch, *args, **kwargs)
 
     def _next_ab_arm(self) -> None:
-        """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run verifies greedy chains inside
-        the target's graphs (arm ``in-graph``) or after them (``after``), alternating every ``_ab_steps`` steps; the
-        cycle timing, which times this step, is told its arm."""
-        after = (self._ab_count // self._ab_steps) % 2 == 1
+        """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run has its feature
+        (config.AB_FEATURE_ENV) on or off, alternating every ``_ab_steps`` steps: the greedy verify inside the target's
+        graphs or after them, the lean draft phase or SGLang's; the cycle timing, which times this step, is told its
+        arm (config.AB_ARMS). Nothing where the feature did not start (declined: logged then)."""
+        off = (self._ab_count // self._ab_steps) % 2 == 1
         self._ab_count += 1
-        self.verify_epilogue.paused = after
+        if self._ab_feature == "lean_draft":
+            if not self.lean_draft_on:
+                return
+            self.draft_worker.lean = not off
+        else:
+            if self.verify_epilogue is None or not self.verify_epilogue.enabled:
+                return
+            self.verify_epilogue.paused = off
         timing = self.__dict__.get("_cycle_timing")  # cycle_timing.timed_forward's, made at the first decode step
         if timing is not None:
-            timing.arm = "after" if after else "in-graph"
+            timing.arm = config.AB_ARMS[self._ab_feature][off]
 
     def _build_trivial_verify_input(self, batch, *args, **kwargs):
         """SGLang's one-node verify input of a steps-0 step; the plain step's (:meth:`PlainOff.verify_input`, and then

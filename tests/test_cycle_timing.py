@@ -389,7 +389,9 @@ def test_an_ab_inside_one_server_times_each_arm_apart():
     row = stage_split.arms("\n".join(logged), skip=0, first="a", second="b")
     assert row["lines"] == 2 and row["a", "host_in_forward"] == 1.0
     assert row["ratio", "host_in_forward"]["geomean"] == pytest.approx(1 / 3)
-    assert "| log | 2 |" in stage_split.arms_table({"log": row}, first="a", second="b")
+    assert "| log | 2 | a / b |" in stage_split.arms_table({"log": row})
+    named = "\n".join(logged).replace(" a: ", " lean: ").replace(" b: ", " sglang-draft: ")
+    assert stage_split.arm_names(named) == ("lean", "sglang-draft") and stage_split.arms(named, 0)["lines"] == 2
     plain = CycleTiming(2, event=gpu.event, log=logged.append)
     logged.clear()
     for _ in range(2):

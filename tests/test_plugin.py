@@ -635,6 +635,17 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
         _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
     monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
     _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    monkeypatch.delenv(config.VERIFY_IN_GRAPH_ENV)
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for verify_in_graph without .*VERIFY_IN_GRAPH=1"):
+        _args()
+    monkeypatch.setenv(config.AB_FEATURE_ENV, "everything")
+    with pytest.raises(EagleTritonConfigError, match="AB_FEATURE='everything'.*verify_in_graph, lean_draft"):
+        _args()
+    monkeypatch.setenv(config.AB_FEATURE_ENV, "lean_draft")
+    _args()  # the lean draft phase runs by default
+    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for lean_draft where the lean draft phase does not"):
+        _args()
 
 
 def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):

@@ -323,6 +323,7 @@ def test_an_ab_inside_one_server_alternates_the_verify_every_n_decode_steps(monk
     monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: "out")
     w = _worker(monkeypatch)
     w.cost_policy, w._ab_steps = None, 2
+    w.verify_epilogue.enable(4)
     w._cycle_timing = SimpleNamespace(arm="")
     seen = []
 
@@ -348,3 +349,24 @@ def test_an_ab_needs_the_cycle_timing_and_the_verify_in_graph(monkeypatch):
     assert config.ab_steps() == 16
     monkeypatch.setenv(config.AB_STEPS_ENV, "x")
     assert config.ab_steps() is None
+
+
+def test_an_ab_of_the_lean_draft_phase_alternates_it(monkeypatch):
+    """config.AB_FEATURE_ENV=lean_draft: blocks of the lean draft phase and SGLang's; nothing where it did not start."""
+    parent = EagleTritonWorkerV2.__mro__[1]
+    monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: "out")
+    w = _worker(monkeypatch)
+    w.cost_policy, w._ab_steps, w._ab_feature, w.lean_draft_on = None, 1, "lean_draft", True
+    draft = SimpleNamespace(lean=True)
+    monkeypatch.setattr(EagleTritonWorkerV2, "draft_worker", property(lambda self: draft))
+    w._cycle_timing = SimpleNamespace(arm="")
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                            is_extend_in_batch=False)
+    seen = []
+    for _ in range(3):
+        w.forward_batch_generation(batch)
+        seen.append((w._cycle_timing.arm, draft.lean))
+    assert seen == [("lean", True), ("sglang-draft", False), ("lean", True)]
+    w.lean_draft_on, w._cycle_timing.arm = False, ""
+    w.forward_batch_generation(batch)
+    assert w._cycle_timing.arm == "" and draft.lean
