@@ -367,7 +367,53 @@ def report(rows: list[dict]) -> str:
             gap = f"{r['longest_gap_ms']:.0f}" if "longest_gap_ms" in r else "-"  # older rows have none
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
-    return "\n".join(lines) + "\n" + paired_table(by_batch)
+    return "\n".join(lines) + "\n" + paired_table(by_batch) + arms_section(rows)
+
+
+def arms_section(rows: list[dict]) -> str:
+    """Markdown: rows of servers that ran an A/B inside themselves (``arms``: SGLANG_EAGLE_TRITON_AB_STEPS), each
+    arm's median host time and the on / off ratios summary line by line; "" without any."""
+    armed = [r for r in rows if r.get("arms")]
+    if not armed:
+        return ""
+    lines = ["", "A/B inside each server (the arms alternate every SGLANG_EAGLE_TRITON_AB_STEPS decode steps; host "
+             "ms, medians of the cycle timing's arm lines over the batch's runs; ratios on / off line by line, "
+             "geometric mean and 90 % interval):", "",
+             "| batch | system | arms (on / off) | lines | host period on / off | in forward on / off | "
+             "period ratio | in forward ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(armed, key=lambda r: (r["batch"], r["system"])):
+        a = r["arms"]
+
+        def pair(key, a=a):
+            on, off = a["on"][key], a["off"][key]
+            return "-" if on is None or off is None else f"{on:.3f} / {off:.3f}"
+
+        def ratio(key, a=a):
+            p = a["ratio"][key]
+            return "-" if p is None else f"{p['geomean']:.3f} ({p['low']:.3f}-{p['high']:.3f})"
+
+        lines.append(f"| {r['batch']} | {label(r)} | {' / '.join(a['names'])} | {a['lines']} | {pair('host_period')} "
+                     f"| {pair('host_in_forward')} | {ratio('host_period')} | {ratio('host_in_forward')} |")
+    return "\n".join(lines) + "\n"
+
+
+def arms_state(server, seen: dict) -> dict | None:
+    """Row key ``arms`` of a server running an A/B inside itself (SGLANG_EAGLE_TRITON_AB_STEPS): the cycle timing's
+    arm lines its log gained since the last call (``seen``: lines already read, by server name), folded by
+    :func:`bench.stage_split.arms` (``names``: on, off; per arm the median host period and time in
+    ``forward_batch_generation``; their ratios line by line); None without new lines."""
+    from bench import stage_split
+
+    lines = [line for line in server.log().splitlines() if "cycle timing arms" in line]
+    new, seen[server.name] = lines[seen.get(server.name, 0):], len(lines)
+    folded = stage_split.arms("\n".join(new), skip=0) if new else None
+    if not folded or not folded["lines"]:
+        return None
+    on, off = folded["names"]
+    return {"names": [on, off], "lines": folded["lines"],
+            "on": {key: folded[on, key] for key in stage_split.ARM_KEYS},
+            "off": {key: folded[off, key] for key in stage_split.ARM_KEYS},
+            "ratio": {key: folded["ratio", key] for key in stage_split.ARM_KEYS}}
 
 
 def paired_table(by_batch: dict) -> str:
@@ -543,22 +589,27 @@ def main(argv=None):
     if args.interleave:
         return interleaved(servers, start, args, meta, rotate)
 
+    arm_lines: dict = {}
+
     def measure_batch(system, shape, server, attention, batch):
         result = measure(server.url, batch, args.real_pair)
         print(server.name, batch, result, flush=True)
-        return row(system, shape, batch, meta, attention, result, policy_state(server))
+        return row(system, shape, batch, meta, attention, result, policy_state(server), arms_state(server, arm_lines))
 
     # a server that failed to start or serve: the sweep goes on without it
     one_after_another(servers, start, verify_attention, measure_batch, args.batches, lambda rows: save(args.out, rows),
                       keep_going=True)
 
 
-def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict, policy: dict | None = None) -> dict:
+def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict, policy: dict | None = None,
+        arms: dict | None = None) -> dict:
     out = dict(system=system, steps=shape[0] if shape else None, topk=shape[1] if shape else None,
                draft_tokens=shape[2] if shape else None, batch=batch, **meta, verify_attention=attention,
                candidates=COST_CANDIDATES if SYSTEMS[system][1] == "cost" else None, **result)
     if policy is not None:
         out["policy"] = policy
+    if arms is not None:
+        out["arms"] = arms
     return out
 
 
@@ -595,7 +646,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
     def is_cost(entry):
         return str(SYSTEMS[entry[0]][1]).startswith("cost")
 
-    started, rows = [], []
+    started, rows, arm_lines = [], [], {}
     try:
         ready = bring_up([[s for s in servers if is_cost(s)], [s for s in servers if not is_cost(s)]], start,
                          verify_attention, started)
@@ -617,7 +668,8 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
                                       keep="tok_per_s")
                 if args.round_robin:
                     result["rounds"] = len(runs[server.name]) * args.rounds_per_run
-                rows.append(row(system, shape, batch, meta, attention, result, policy_state(server)))
+                rows.append(row(system, shape, batch, meta, attention, result, policy_state(server),
+                                arms_state(server, arm_lines)))
             save(args.out, rows)
     finally:
         for server in started:

@@ -535,3 +535,24 @@ def test_pin_cores_starts_each_server_on_its_share_and_labels_the_rows(tmp_path,
     assert all(p[3:] == tuple(adaptive.LAUNCH_SERVER) for p in servers.programs) and pinned_to == [[8, 9]]
     assert [r["pin_cores"] for r in rows] == [True, True]
     assert "nospec {pinned}" in report
+
+
+def test_rows_of_servers_running_an_ab_inside_themselves_carry_their_arms(tmp_path, monkeypatch):
+    """SGLANG_EAGLE_TRITON_AB_STEPS servers: each row carries ``arms`` from the cycle timing's arm lines its log gained
+    during that batch (bench.stage_split.arms), and the report lists them; a log without arm lines gives none."""
+    arm_line = ("EAGLE_TRITON cycle timing arms, rank 0: after: host period {:.3f} ms, in forward 2.000 ms, gpu step "
+                "1.000 ms, 100 steps ; in-graph: host period 3.000 ms, in forward 1.900 ms, gpu step 1.000 ms, 100 "
+                "steps")
+    servers = ServerLog(log_text="\n".join(arm_line.format(p) for p in (3.1, 3.3, 3.2)))
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
+    arms = rows[0]["arms"]
+    assert arms["names"] == ["in-graph", "after"] and arms["lines"] == 3
+    assert arms["on"] == {"host_period": 3.0, "host_in_forward": 1.9}
+    assert arms["off"] == {"host_period": 3.2, "host_in_forward": 2.0}
+    assert arms["ratio"]["host_in_forward"]["geomean"] == pytest.approx(0.95)
+    assert "A/B inside each server" in report and "| in-graph / after | 3 | 3.000 / 3.200 |" in report
+    seen = {}
+    fake = servers.server_class()("eagle_triton", "m", [], "w")
+    assert adaptive.arms_state(fake, seen) is not None and adaptive.arms_state(fake, seen) is None  # nothing new
+    assert adaptive.arms_state(ServerLog().server_class()("nospec", "m", [], "w"), {}) is None

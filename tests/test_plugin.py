@@ -617,35 +617,35 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
 
 
 def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkeypatch):
-    """SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH: 0 or 1, 1 refused with trees; SGLANG_EAGLE_TRITON_AB_STEPS (diagnostics):
-    a whole number of steps, only with the cycle timing and the verify in the graph it alternates."""
-    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "yes")
-    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH='yes'.*Give 1"):
-        _args()
-    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "1")
-    with pytest.raises(EagleTritonConfigError, match="VERIFY_IN_GRAPH=1 with --speculative-eagle-topk 4.*topk 1"):
-        _args("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
-    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
-    monkeypatch.setenv(config.AB_STEPS_ENV, "many")
-    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_AB_STEPS='many'.*whole number"):
-        _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
-    monkeypatch.setenv(config.AB_STEPS_ENV, "16")
-    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
-    with pytest.raises(EagleTritonConfigError, match="AB_STEPS without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
-        _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
-    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
-    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
-    monkeypatch.delenv(config.VERIFY_IN_GRAPH_ENV)
-    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for verify_in_graph without .*VERIFY_IN_GRAPH=1"):
-        _args()
-    monkeypatch.setenv(config.AB_FEATURE_ENV, "everything")
-    with pytest.raises(EagleTritonConfigError, match="AB_FEATURE='everything'.*verify_in_graph, lean_draft"):
-        _args()
-    monkeypatch.setenv(config.AB_FEATURE_ENV, "lean_draft")
-    _args()  # the lean draft phase runs by default
-    monkeypatch.setenv(config.LEAN_DRAFT_ENV, "0")
-    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for lean_draft where the lean draft phase does not"):
-        _args()
+    """SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH: 0 or 1, 1 refused with trees; SGLANG_EAGLE_TRITON_AB_STEPS /
+    _AB_FEATURE (diagnostics): a whole number of steps, a known feature, with the cycle timing and what the feature
+    needs. Each step sets variables (None: unset) and expects a refusal matching the pattern, or none."""
+    chain = ("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    steps = [
+        ({config.VERIFY_IN_GRAPH_ENV: "yes"}, (), "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH='yes'.*Give 1"),
+        ({config.VERIFY_IN_GRAPH_ENV: "1"}, ("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"),
+         "VERIFY_IN_GRAPH=1 with --speculative-eagle-topk 4.*topk 1"),
+        ({}, chain, None),
+        ({config.AB_STEPS_ENV: "many"}, chain, "SGLANG_EAGLE_TRITON_AB_STEPS='many'.*whole number"),
+        ({config.AB_STEPS_ENV: "16", config.CYCLE_TIMING_ENV: None}, chain,
+         "AB_STEPS without SGLANG_EAGLE_TRITON_CYCLE_TIMING"),
+        ({config.CYCLE_TIMING_ENV: "200"}, chain, None),
+        ({config.VERIFY_IN_GRAPH_ENV: None}, (), "AB_STEPS for verify_in_graph without .*VERIFY_IN_GRAPH=1"),
+        ({config.AB_FEATURE_ENV: "everything"}, (), "AB_FEATURE='everything'.*verify_in_graph, lean_draft"),
+        ({config.AB_FEATURE_ENV: "lean_draft"}, (), None),  # the lean draft phase runs by default
+        ({config.LEAN_DRAFT_ENV: "0"}, (), "AB_STEPS for lean_draft where the lean draft phase does not"),
+    ]
+    for env, argv, refused in steps:
+        for name, value in env.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        if refused is None:
+            _args(*argv)
+        else:
+            with pytest.raises(EagleTritonConfigError, match=refused):
+                _args(*argv)
 
 
 def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):
