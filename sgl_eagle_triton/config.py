@@ -81,7 +81,8 @@ LEAN_DRAFT_ENV = "SGLANG_EAGLE_TRITON_LEAN_DRAFT"
 LEAN_DRAFT_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> lean_draft_mode()
 # The greedy verify of chains inside the target's verify CUDA graphs (sgl_eagle_triton.verify_epilogue), opt-in until
 # an A/B resolves its speed: "1" requires it (refused at start where it cannot run); unset or "0": after the graph
-# (SGLang's eagle_sample on our kernel). The worker also serves "auto" (wherever it can run, else declined and logged)
+# (SGLang's eagle_sample on our kernel). No value selects "auto" yet (the worker would then decline where it cannot
+# run, logged, instead of refusing): the default once an A/B inside one server (AB_STEPS_ENV) shows it no slower
 VERIFY_IN_GRAPH_ENV = "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH"
 VERIFY_IN_GRAPH_MODES = {None: "off", "1": "on", "0": "off"}  # the variable's value -> verify_in_graph_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too

@@ -145,7 +145,7 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None, uno_targ
         spec.speculative_accept_threshold_acc,
     )
     agree_with_rank_0(predict, accept_index, num_correct_drafts)
-    if spec_utils.SIMULATE_ACC_LEN > 0:
+    if glue.sglang_simulates_acceptance():
         accept_index = simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accept_index, candidates)
     return predict, num_correct_drafts + 1, accept_index
 

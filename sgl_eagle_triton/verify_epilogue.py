@@ -65,6 +65,7 @@ class VerifyEpilogue:
         self.captured: dict[tuple[int, int], _Captured] = {}  # (n, size) -> what that graph writes
         self.ambiguous: set[tuple[int, int]] = set()  # captured more than once: not used
         self.enabled: set[int] = set()  # n of the chains served
+        self._served_sizes: dict[int, list[int]] = {}  # n -> sizes(n) when enabled: read at every verify
         self.paused = False  # the verify after the graph for now (an A/B inside one server: config.AB_STEPS_ENV)
         self._trees: dict[tuple, tuple] = {}  # (size, n, device) -> chain_tree, made once (outside the capture)
 
@@ -99,6 +100,7 @@ class VerifyEpilogue:
 
     def enable(self, n: int) -> None:
         self.enabled.add(n)
+        self._served_sizes[n] = self.sizes(n)  # the captures are over: found once, not at every verify
 
     def outputs(self, verify_input, bs: int, logits: torch.Tensor):
         """``(predict [bs * n], accept_lens [bs], accept_index [bs, depth])`` int32 (copies) of the last replay of
@@ -106,7 +108,7 @@ class VerifyEpilogue:
         n = verify_input.draft_token_num
         if n not in self.enabled or verify_input.topk != 1:
             return None
-        size = min((s for s in self.sizes(n) if s >= bs), default=None)
+        size = min((s for s in self._served_sizes[n] if s >= bs), default=None)
         if size is None:
             return None
         captured = self.captured[n, size]

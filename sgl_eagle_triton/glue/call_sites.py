@@ -31,7 +31,13 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-from sglang.srt.speculative import eagle_draft_cuda_graph_runner, eagle_utils, eagle_worker_common, eagle_worker_v2
+from sglang.srt.speculative import (
+    eagle_draft_cuda_graph_runner,
+    eagle_utils,
+    eagle_worker_common,
+    eagle_worker_v2,
+    spec_utils,
+)
 from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as draft_extend_graph_runner
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
@@ -511,9 +517,7 @@ def add_capture_tail_hook(model_runner, hook) -> None:
 
 def sglang_simulates_acceptance() -> bool:
     """SGLang's benchmark-only simulated acceptance is on (``SGLANG_SIMULATE_ACC_LEN`` > 0: its ``eagle_sample``
-    replaces what was accepted)."""
-    from sglang.srt.speculative import spec_utils
-
+    replaces what was accepted; our sampled verify applies it as stock does)."""
     return spec_utils.SIMULATE_ACC_LEN > 0
 
 
