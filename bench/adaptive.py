@@ -130,8 +130,8 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_lean": ("EAGLE_TRITON", "cost"),
     "eagle_triton_sglang_draft": ("EAGLE_TRITON", None),
     "eagle_triton_cost_sglang_draft": ("EAGLE_TRITON", "cost"),
-    # greedy chains verified after the target's graph (SYSTEM_ENV: SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=0: today's
-    # default, pinned; inside it, verify_epilogue.py, is opt-in: --server-env ...=1), beside eagle_triton(_cost)
+    # greedy chains verified after the target's graph (SYSTEM_ENV: SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=0) instead of
+    # inside it (verify_epilogue.py, the default), beside eagle_triton(_cost)
     "eagle_triton_verify_after": ("EAGLE_TRITON", None),
     "eagle_triton_cost_verify_after": ("EAGLE_TRITON", "cost"),
 }

@@ -79,12 +79,11 @@ PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value 
 # run); "0": SGLang's draft phase
 LEAN_DRAFT_ENV = "SGLANG_EAGLE_TRITON_LEAN_DRAFT"
 LEAN_DRAFT_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> lean_draft_mode()
-# The greedy verify of chains inside the target's verify CUDA graphs (sgl_eagle_triton.verify_epilogue), opt-in until
-# an A/B resolves its speed: "1" requires it (refused at start where it cannot run); unset or "0": after the graph
-# (SGLang's eagle_sample on our kernel). No value selects "auto" yet (the worker would then decline where it cannot
-# run, logged, instead of refusing): the default once an A/B inside one server (AB_STEPS_ENV) shows it no slower
+# The greedy verify of chains inside the target's verify CUDA graphs (sgl_eagle_triton.verify_epilogue). Unset:
+# wherever it can run (else after the graph, the reason logged and reported); "1": required (refused at start where it
+# cannot run); "0": after the graph (SGLang's eagle_sample on our kernel)
 VERIFY_IN_GRAPH_ENV = "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH"
-VERIFY_IN_GRAPH_MODES = {None: "off", "1": "on", "0": "off"}  # the variable's value -> verify_in_graph_mode()
+VERIFY_IN_GRAPH_MODES = {None: "auto", "1": "on", "0": "off"}  # the value (None: unset) -> verify_in_graph_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -513,7 +512,7 @@ def _validate(sa) -> None:
         _refuse(f"{LEAN_DRAFT_ENV}=1 with {what}", f"{change}, or unset {LEAN_DRAFT_ENV}.")
     if os.environ.get(VERIFY_IN_GRAPH_ENV, "0") not in ("0", "1"):
         _refuse(f"{VERIFY_IN_GRAPH_ENV}={os.environ[VERIFY_IN_GRAPH_ENV]!r}", "Give 1 (greedy chains verified inside "
-                "the target's CUDA graphs) or 0 (after them), or unset it (after them).")
+                "the target's CUDA graphs) or 0 (after them), or unset it (inside them wherever they can).")
     if verify_in_graph_mode() == "on" and (why := verify_in_graph_unserved(sa)) is not None:
         what, change = why
         _refuse(f"{VERIFY_IN_GRAPH_ENV}=1 with {what}", f"{change}, or unset {VERIFY_IN_GRAPH_ENV}.")
@@ -594,8 +593,8 @@ def lean_draft_unserved(sa) -> tuple[str, str] | None:
 
 
 def verify_in_graph_mode() -> str:
-    """:data:`VERIFY_IN_GRAPH_ENV` as ``"on"`` (``1``: greedy chains verified inside the target's verify graphs,
-    required) or ``"off"`` (unset, ``0``, and values the start-up refused)."""
+    """:data:`VERIFY_IN_GRAPH_ENV` as ``"auto"`` (unset: greedy chains verified inside the target's verify graphs
+    wherever they can be), ``"on"`` (``1``: required) or ``"off"`` (``0``, and values the start-up refused)."""
     return VERIFY_IN_GRAPH_MODES.get(os.environ.get(VERIFY_IN_GRAPH_ENV), "off")
 
 

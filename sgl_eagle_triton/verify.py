@@ -50,14 +50,19 @@ RAN: Counter = Counter()
 worker's first-step check and its ``/server_info`` report read it."""
 
 
+def note_ran(what: str, where: str = "") -> None:
+    """Count one call of ``what`` in ``RAN``, logging one line at its first in this process (``where`` it ran, if not
+    where it was called): proof in the log that it ran."""
+    if not RAN[what]:
+        logger.info("%s: %s ran (%sfirst call in this process)", ALGORITHM_NAME, what, f"{where}; " if where else "")
+    RAN[what] += 1
+
+
 def witnessed(fn, what: str):
-    """``fn``, counting its calls in ``RAN[what]`` and logging one line at its first call in this process:
-    proof in the log that it ran."""
+    """``fn``, counting its calls in ``RAN[what]`` and logging one line at its first call (:func:`note_ran`)."""
 
     def wrapper(*args, **kwargs):
-        if not RAN[what]:
-            logger.info("%s: %s ran (first call in this process)", ALGORITHM_NAME, what)
-        RAN[what] += 1
+        note_ran(what)
         return fn(*args, **kwargs)
 
     return wrapper

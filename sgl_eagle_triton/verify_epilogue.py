@@ -1,5 +1,5 @@
-"""Greedy verification of a chain inside the target's verify CUDA graph (``SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH=1``,
-config.VERIFY_IN_GRAPH_ENV: opt-in, refused at start where it cannot run; unset or 0: off).
+"""Greedy verification of a chain inside the target's verify CUDA graph (config.VERIFY_IN_GRAPH_ENV,
+``SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH``: unset, wherever it can run; 1, required; 0, off).
 
 A drafting state whose tree is a chain (topk 1, ``n`` draft tokens) verifies a greedy batch with ``argmax`` of the
 target's logits and our ``verify_tree_greedy`` kernel over a tree whose retrieve arrays are the same at every step
@@ -25,7 +25,7 @@ import torch
 
 from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.kernels.verify_greedy import verify_tree_greedy
-from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY
+from sgl_eagle_triton.verify import VERIFY_GREEDY, note_ran
 
 VERIFY_IN_GRAPH = "greedy verify in the target graph"  # RAN's key: greedy verifies served from the graph
 
@@ -129,8 +129,8 @@ def from_graph(epilogue: VerifyEpilogue, eagle_sample):
                 and glue.argmax_is_sample(batch.sampling_info) and not glue.sglang_simulates_acceptance()):
             outputs = epilogue.outputs(verify_input, batch.seq_lens.shape[0], logits_output.next_token_logits)
             if outputs is not None:
-                RAN[VERIFY_IN_GRAPH] += 1
-                RAN[VERIFY_GREEDY] += 1  # our greedy kernel ran, inside the graph
+                note_ran(VERIFY_IN_GRAPH)
+                note_ran(VERIFY_GREEDY, "inside the target's verify graph")  # our greedy kernel ran, in the graph
                 return outputs
         return eagle_sample(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
 

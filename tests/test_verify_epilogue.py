@@ -3,18 +3,20 @@ retrieve arrays are build_tree's, the hook's outputs are the reference walk's, t
 that wrote them and only where SGLang's sampler would take the argmax; the worker marks, checks and declines (CPU;
 small stand-ins for SGLang's graph runner, forward batch and sampling info; the GPU run is the e2e tests)."""
 
+import logging
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sgl_eagle_triton import config, verify_epilogue
+from sgl_eagle_triton import config, verify, verify_epilogue
 from sgl_eagle_triton.devtools.reference import verify_greedy as reference
 from sgl_eagle_triton.devtools.testing import draft_tree
 from sgl_eagle_triton.glue import call_sites
 from sgl_eagle_triton.kernels import build_tree
-from sgl_eagle_triton.verify import RAN
+from sgl_eagle_triton.verify import RAN, VERIFY_GREEDY
 from sgl_eagle_triton.verify_epilogue import VERIFY_IN_GRAPH, VerifyEpilogue, chain_tree, from_graph
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 from tests.test_graph_epilogue import _whole_graphs
@@ -142,7 +144,8 @@ def _batch(**info):
 
 
 @pytest.mark.parametrize("case", ["greedy", "penalty", "bias", "sampled", "grammar", "uno", "simulated", "eager"])
-def test_a_verify_takes_the_graphs_outputs_only_where_the_argmax_is_the_sample(case, monkeypatch, device):
+def test_a_verify_takes_the_graphs_outputs_only_where_the_argmax_is_the_sample(case, monkeypatch, device, caplog):
+    monkeypatch.setattr(verify, "RAN", Counter())  # a fresh process's: the first serve logs the kernel's line
     epilogue, graph = _epilogue(), _Graph(2, 4, [2, 0], device=device)
     graph.capture(epilogue)
     epilogue.enable(4)
@@ -154,13 +157,16 @@ def test_a_verify_takes_the_graphs_outputs_only_where_the_argmax_is_the_sample(c
     batch = _batch(**info)
     logits = graph.replay_logits(2).clone() if case == "eager" else graph.replay_logits(2)
     kwargs = {"uno_target_max_top_k": 4} if case == "uno" else {}
-    before = RAN[VERIFY_IN_GRAPH]
-    result = sample(_verify_input(4), batch, SimpleNamespace(next_token_logits=logits),
-                    object() if case == "grammar" else None, **kwargs)
+    with caplog.at_level(logging.INFO, logger=verify.__name__):
+        result = sample(_verify_input(4), batch, SimpleNamespace(next_token_logits=logits),
+                        object() if case == "grammar" else None, **kwargs)
+    ran = verify.RAN
     if case == "greedy":
-        assert calls == [] and RAN[VERIFY_IN_GRAPH] == before + 1 and result[1].tolist() == [3, 1]
+        assert calls == [] and ran[VERIFY_IN_GRAPH] == ran[VERIFY_GREEDY] == 1 and result[1].tolist() == [3, 1]
+        # the e2e tests read this line as the proof that our greedy kernel ran
+        assert "triton verify_tree_greedy ran (inside the target's verify graph; first call" in caplog.text
     else:
-        assert result == "eagle_sample" and len(calls) == 1 and RAN[VERIFY_IN_GRAPH] == before
+        assert result == "eagle_sample" and len(calls) == 1 and ran[VERIFY_IN_GRAPH] == 0 and "ran" not in caplog.text
 
 
 # -- the worker ---------------------------------------------------------------------------------------------------
@@ -247,7 +253,7 @@ def test_the_variable_is_validated(monkeypatch):
         monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, value)
         assert config.verify_in_graph_mode() == mode
     monkeypatch.delenv(config.VERIFY_IN_GRAPH_ENV)
-    assert config.verify_in_graph_mode() == "off"  # opt-in
+    assert config.verify_in_graph_mode() == "auto"  # the default: wherever it can run
     sa = SimpleNamespace(tp_size=1, disable_cuda_graph=True, speculative_eagle_topk=1)
     monkeypatch.setattr(config.glue_args, "settings", lambda sa: sa)
     assert "--disable-cuda-graph" in config.verify_in_graph_unserved(sa)[0]
