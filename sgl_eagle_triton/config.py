@@ -64,10 +64,12 @@ CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
 # this many decode steps, each arm's host time logged beside the cycle timing's summaries (bench.stage_split --arms):
 # both arms share the server's host, batch and hour, so host-work differences far below the run-to-run spread of two
 # servers resolve. Features and their arms (on, off): the greedy verify inside the target's graphs (needs
-# VERIFY_IN_GRAPH_ENV=1), the lean draft phase (where it runs; off: SGLang's draft phase, whose graphs are captured)
+# VERIFY_IN_GRAPH_ENV=1), the lean draft phase (where it runs; off: SGLang's draft phase, whose graphs are captured),
+# the lean draft extend (needs LEAN_EXTEND_ENV=1; off: SGLang's draft extend)
 AB_STEPS_ENV = "SGLANG_EAGLE_TRITON_AB_STEPS"
 AB_FEATURE_ENV = "SGLANG_EAGLE_TRITON_AB_FEATURE"  # unset: verify_in_graph
-AB_ARMS = {"verify_in_graph": ("in-graph", "after"), "lean_draft": ("lean", "sglang-draft")}
+AB_ARMS = {"verify_in_graph": ("in-graph", "after"), "lean_draft": ("lean", "sglang-draft"),
+           "lean_extend": ("lean-extend", "sglang-extend")}
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
 # sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
@@ -84,6 +86,12 @@ LEAN_DRAFT_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value
 # cannot run); "0": after the graph (SGLang's eagle_sample on our kernel)
 VERIFY_IN_GRAPH_ENV = "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH"
 VERIFY_IN_GRAPH_MODES = {None: "auto", "1": "on", "0": "off"}  # the value (None: unset) -> verify_in_graph_mode()
+# The lean draft extend (TritonEagleDraftWorker.lean_extend): after a chain's verify, the draft KV of every verified
+# row and the draft layer and LM head of each request's last accepted row alone, replayed from a CUDA graph of ours per
+# batch size, instead of SGLang's draft extend (prepare_for_draft_extend, its graph runner over every row, the row
+# select and argmax after it). Opt-in: "1" requires it (refused at start where it cannot run); unset or "0": SGLang's
+LEAN_EXTEND_ENV = "SGLANG_EAGLE_TRITON_LEAN_EXTEND"
+LEAN_EXTEND_MODES = {None: "off", "1": "on", "0": "off"}  # the value (None: unset) -> lean_extend_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -487,6 +495,9 @@ def _validate(sa) -> None:
     if ab_steps() and ab_feature() == "verify_in_graph" and verify_in_graph_mode() != "on":
         _refuse(f"{AB_STEPS_ENV} for verify_in_graph without {VERIFY_IN_GRAPH_ENV}=1 (the arms alternate it)",
                 f"Set {VERIFY_IN_GRAPH_ENV}=1 too, or unset {AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "lean_extend" and lean_extend_mode() != "on":
+        _refuse(f"{AB_STEPS_ENV} for lean_extend without {LEAN_EXTEND_ENV}=1 (the arms alternate it)",
+                f"Set {LEAN_EXTEND_ENV}=1 too, or unset {AB_STEPS_ENV}.")
     if ab_steps() and ab_feature() == "lean_draft" and (lean_draft_mode() == "off" or lean_draft_unserved(sa)):
         _refuse(f"{AB_STEPS_ENV} for lean_draft where the lean draft phase does not run (the arms alternate it)",
                 f"Unset {LEAN_DRAFT_ENV}, serve one GPU without the draft check or paged trees, or unset "
@@ -503,19 +514,14 @@ def _validate(sa) -> None:
     if plain_off() and sa.tp_size > 1:
         _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
                 f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
-    if os.environ.get(LEAN_DRAFT_ENV, "0") not in ("0", "1"):
-        _refuse(f"{LEAN_DRAFT_ENV}={os.environ[LEAN_DRAFT_ENV]!r}", "Give 1 (the draft phase must run without "
-                "SGLang's prepare_for_draft and draft graphs) or 0 (SGLang's draft phase), or unset it (the lean "
-                "draft phase wherever it can run).")
-    if lean_draft() and (why := lean_draft_unserved(sa)) is not None:
-        what, change = why
-        _refuse(f"{LEAN_DRAFT_ENV}=1 with {what}", f"{change}, or unset {LEAN_DRAFT_ENV}.")
-    if os.environ.get(VERIFY_IN_GRAPH_ENV, "0") not in ("0", "1"):
-        _refuse(f"{VERIFY_IN_GRAPH_ENV}={os.environ[VERIFY_IN_GRAPH_ENV]!r}", "Give 1 (greedy chains verified inside "
-                "the target's CUDA graphs) or 0 (after them), or unset it (inside them wherever they can).")
-    if verify_in_graph_mode() == "on" and (why := verify_in_graph_unserved(sa)) is not None:
-        what, change = why
-        _refuse(f"{VERIFY_IN_GRAPH_ENV}=1 with {what}", f"{change}, or unset {VERIFY_IN_GRAPH_ENV}.")
+    _check_switch(LEAN_DRAFT_ENV, lean_draft_mode, lean_draft_unserved, sa, "the draft phase must run without "
+                  "SGLang's prepare_for_draft and draft graphs", "SGLang's draft phase",
+                  "the lean draft phase wherever it can run")
+    _check_switch(LEAN_EXTEND_ENV, lean_extend_mode, lean_extend_unserved, sa, "the lean draft extend",
+                  "SGLang's draft extend", "SGLang's")
+    _check_switch(VERIFY_IN_GRAPH_ENV, verify_in_graph_mode, verify_in_graph_unserved, sa,
+                  "greedy chains verified inside the target's CUDA graphs", "after them",
+                  "inside them wherever they can")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -589,6 +595,40 @@ def lean_draft_unserved(sa) -> tuple[str, str] | None:
         return (f"--page-size {sa.page_size} and --speculative-eagle-topk {sa.speculative_eagle_topk} (SGLang's "
                 "draft preparation copies each branch's prefix tail there)",
                 "Use --page-size 1 or --speculative-eagle-topk 1")
+    return None
+
+
+def _check_switch(env: str, mode, unserved, sa, on: str, off: str, unset: str) -> None:
+    """Refuse a feature switch ``env`` (0 / 1 / unset) given another value, or 1 where ``unserved(sa)`` names what
+    rules the feature out; ``on`` / ``off`` / ``unset`` say what each value serves, for the message."""
+    if os.environ.get(env, "0") not in ("0", "1"):
+        _refuse(f"{env}={os.environ[env]!r}", f"Give 1 ({on}) or 0 ({off}), or unset it ({unset}).")
+    if mode() == "on" and (why := unserved(sa)) is not None:
+        what, change = why
+        _refuse(f"{env}=1 with {what}", f"{change}, or unset {env}.")
+
+
+def lean_extend_mode() -> str:
+    """:data:`LEAN_EXTEND_ENV` as ``"on"`` (``1``: the lean draft extend, required) or ``"off"`` (unset, ``0``, and
+    values the start-up refused)."""
+    return LEAN_EXTEND_MODES.get(os.environ.get(LEAN_EXTEND_ENV), "off")
+
+
+def lean_extend_unserved(sa) -> tuple[str, str] | None:
+    """Why the server args ``sa`` rule the lean draft extend out, as ``(what, what to change)``; None where they do
+    not (the draft model's own hooks are checked by the worker: ``EagleTritonWorkerV2.start_lean_extend``)."""
+    sa = glue_args.settings(sa)
+    if (version := versions.installed()) not in versions.GPU_TESTED:
+        return (f"SGLang {version} (its draft extend read and GPU-run on {', '.join(versions.GPU_TESTED)} only; "
+                "0.5.23's plans its KV window in the draft phase)", f"Use SGLang {versions.GPU_TESTED[-1]}")
+    if sa.tp_size > 1:
+        return f"--tp {sa.tp_size} (its graphs under tensor parallelism are untested)", "Use --tp 1"
+    if (sa.speculative_eagle_topk or 1) > 1:
+        return (f"--speculative-eagle-topk {sa.speculative_eagle_topk} (it extends chains only: a tree's verified "
+                "rows are not one request's consecutive positions)", "Use --speculative-eagle-topk 1")
+    if getattr(sa, "disable_overlap_schedule", False):
+        return ("--disable-overlap-schedule (its outputs are graph buffers the overlap scheduler's relay copies in "
+                "the same step)", "Remove --disable-overlap-schedule")
     return None
 
 

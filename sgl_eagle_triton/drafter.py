@@ -219,6 +219,24 @@ def in_tree_layout(parent_list, top_scores_index, draft_tokens, all_scores, k: i
     return layout_parents, _node_in_layout(top_scores_index, k, K), draft_tokens, scores
 
 
+class _LayerRows:
+    """Scratch of the draft layer over ``R`` rows (:meth:`FusedDrafter._layer`), the chains of ``chain_len`` steps
+    in the pool's dtype ``kv_dtype``."""
+
+    def __init__(self, w: DraftWeights, R: int, chain_len: int, kv_dtype: torch.dtype, device):
+        H, D = w.hidden_size, w.head_dim
+
+        def new(*shape, dtype=w.dtype):
+            return torch.empty(*shape, dtype=dtype, device=device)
+
+        self.x, self.residual, self.qkv = new(R, 2 * H), new(R, H), new(R, w.qkv.shape[0])
+        self.attn, self.h1, self.s = new(R, w.num_q_heads * D), new(R, H), new(R, H)
+        self.h1_sum, self.s_sum = new(R, H, dtype=torch.float32), new(R, H, dtype=torch.float32)
+        self.act = new(R, w.gate_up.shape[0] // 2)
+        self.chain_k = new(chain_len, R, w.num_kv_heads, D, dtype=kv_dtype)  # quantised as the pool
+        self.chain_v = torch.empty_like(self.chain_k)
+
+
 class FusedDrafter:
     """Runs the whole draft of one decode cycle for a batch; see the module docstring.
 
@@ -279,7 +297,6 @@ class FusedDrafter:
             return (empty(0, k * (S - 1) + 1 if S > 1 else 0), empty(0, self.num_draft_tokens - 1),
                     empty(0, self.num_draft_tokens - 1), topk_p.new_empty(0, k + (S - 1) * k * k))
         R = bs * k
-        H, D = w.hidden_size, w.head_dim
         dev = topk_p.device
         T = k + (S - 1) * k * k
 
@@ -294,26 +311,12 @@ class FusedDrafter:
         draft_select(0, S, topk_p, topk_index, *tree, token_map=w.token_map)
 
         if S > 1:
-            x = new(R, 2 * H)
-            residual = new(R, H)
-            qkv = new(R, w.qkv.shape[0])
-            attn = new(R, w.num_q_heads * D)
-            h1, s = new(R, H), new(R, H)
-            h1_sum, s_sum = new(R, H, dtype=torch.float32), new(R, H, dtype=torch.float32)
-            act = new(R, w.gate_up.shape[0] // 2)
-            chain_k = new(S - 1, R, w.num_kv_heads, D, dtype=self.k_cache.dtype)  # quantised as the pool
-            chain_v = torch.empty_like(chain_k)
+            rows = _LayerRows(w, R, S - 1, self.k_cache.dtype, dev)
             p = new(R, k, dtype=torch.float32)
             index = new(R, k, dtype=torch.int64)
         for step in range(S - 1):
-            attn_in = self._layer_input(input_ids, hidden, hidden_rows, x, residual)
-            linear(attn_in, w.qkv, qkv, bias=w.qkv_bias)
-            draft_attention(qkv, step_positions, w.rotary.cos_sin_cache, self.k_cache, self.v_cache,
-                            self.req_to_token, req_pool_indices, seq_lens, chain_k, chain_v, step, k,
-                            w.num_q_heads, w.num_kv_heads, D, D**-0.5, attn, *self.kv_scales)
-            self._row_parallel(attn, w.o_proj, h1, residual, h1_sum, bias=w.o_bias)
-            linear(h1_sum, w.gate_up, act, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
-            self._row_parallel(act, w.down, s, h1, s_sum)
+            s, s_sum = self._layer(rows, input_ids, hidden, hidden_rows, step_positions, req_pool_indices, seq_lens,
+                                   step, k)
             self._lm_head(s_sum if w.eagle3 else s, p, index)
             hidden = s
             draft_select(step + 1, S, p, index, *tree)
@@ -322,6 +325,57 @@ class FusedDrafter:
         draft_tokens = torch.empty_like(top_scores_index)
         draft_organize(all_scores, all_tokens, top_scores_index, draft_tokens)
         return parent_list, top_scores_index, draft_tokens, all_scores
+
+    def _layer(self, rows: _LayerRows, input_ids, hidden, hidden_rows, positions, req_pool_indices, seq_lens,
+               step: int, k: int):
+        """The draft layer over ``rows``' R rows (``k`` per request, at ``positions``; attention over each request's
+        first ``seq_lens`` pool positions, then its chain entries ``0 .. step``): ``(s, s_sum)``, the carried hidden
+        state [R, H] and its fp32 sum (the final norm's input)."""
+        w, D = self.w, self.w.head_dim
+        attn_in = self._layer_input(input_ids, hidden, hidden_rows, rows.x, rows.residual)
+        linear(attn_in, w.qkv, rows.qkv, bias=w.qkv_bias)
+        draft_attention(rows.qkv, positions, w.rotary.cos_sin_cache, self.k_cache, self.v_cache, self.req_to_token,
+                        req_pool_indices, seq_lens, rows.chain_k, rows.chain_v, step, k, w.num_q_heads,
+                        w.num_kv_heads, D, D**-0.5, rows.attn, *self.kv_scales)
+        self._row_parallel(rows.attn, w.o_proj, rows.h1, rows.residual, rows.h1_sum, bias=w.o_bias)
+        linear(rows.h1_sum, w.gate_up, rows.act, norm_weight=w.post_norm, eps=w.eps, silu_mul=True)
+        self._row_parallel(rows.act, w.down, rows.s, rows.h1, rows.s_sum)
+        return rows.s, rows.s_sum
+
+    def draft_extend(self, input_ids, hidden, seq_lens, accept_lens, req_pool_indices, store_kv: Callable, topk: int):
+        """SGLang's draft extend after a chain's verify, less what nobody reads: the K / V of every row (``store_kv(k,
+        v)`` [bs n, Hkv, D] stores them in the pool at the verify's slots, row ``b n + j`` request ``b``'s position
+        ``seq_lens[b] + j``), then the layer, LM head and top-k of each request's last accepted row alone
+        (:meth:`extend_step`; SGLang runs the whole layer and LM head over all ``n`` rows and keeps that one).
+
+        input_ids: [bs, n] int64 (the verify's next tokens); hidden: [bs, n, H] the carried hidden states (EAGLE-3:
+        ``fc`` of the target's features); seq_lens: [bs] int64 (before the verify); accept_lens: [bs] (accepted
+        drafts + 1, any integer dtype); req_pool_indices: [bs] int64; bs >= 1. Returns :meth:`extend_step`'s."""
+        bs, n = input_ids.shape
+        ids, carried = input_ids.reshape(-1), hidden.reshape(bs * n, hidden.shape[-1])
+        positions = (seq_lens[:, None] + torch.arange(n, device=seq_lens.device)).reshape(-1)
+        store_kv(*self.draft_kv(ids, carried, positions))
+        selected = torch.arange(bs, device=ids.device) * n + accept_lens.to(torch.int64) - 1
+        return self.extend_step(ids[selected], carried[selected], positions[selected], req_pool_indices, topk)
+
+    def extend_step(self, input_ids, hidden, positions, req_pool_indices, topk: int):
+        """The draft extend's output for one row per request (the row SGLang's ``_draft_extend_for_decode`` selects:
+        the last accepted token's): ``(topk_p [bs, topk] fp32, topk_index [bs, topk] int64, hidden [bs, H])`` in
+        the draft vocabulary (no token map: the next draft maps them), ``topk_p`` all ones at ``topk`` 1 (SGLang's
+        argmax path); ``hidden`` the carried hidden state (pre-norm, as the draft's captured ``hidden_states``).
+
+        input_ids: [bs] int64 (target vocabulary); hidden: [bs, H] the carried hidden state the layer starts from
+        (EAGLE-3: ``fc`` of the target's features); positions: [bs] int64, the row's position, below which the
+        request's KV is in the pool (the extend's earlier rows included: written first, :meth:`draft_kv`);
+        req_pool_indices: [bs] int64."""
+        w = self.w
+        bs = input_ids.shape[0]
+        rows = _LayerRows(w, bs, 1, self.k_cache.dtype, input_ids.device)
+        s, s_sum = self._layer(rows, input_ids, hidden, torch.arange(bs, device=input_ids.device), positions,
+                               req_pool_indices, positions, 0, 1)
+        norm = dict(norm_weight=w.final_norm, eps=w.eps) if w.eagle3 else {}
+        p, index = lm_head_topk(s_sum if w.eagle3 else s, w.lm_head, topk, **norm)
+        return (torch.ones_like(p) if topk == 1 else p), index, s
 
     def _layer_input(self, input_ids, hidden, hidden_rows, x, residual):
         """The draft layer's input rows (EAGLE-3: ``x = [norm(embed); hidden_norm(hidden)]``, ``residual`` = the

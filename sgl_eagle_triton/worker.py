@@ -102,6 +102,7 @@ FUSED_DRAFTER, BUILD_TREE = "triton fused drafter", "triton build_tree"
 DRAFT_KV_FILL = "draft kv fill (steps 0)"
 GRAPH_EPILOGUE = "steps 0 token and draft kv fill in the target graph"
 LEAN_DRAFT = "lean draft phase (no prepare_for_draft)"
+LEAN_EXTEND = "lean draft extend (the kept row alone)"
 
 _errors: list[str] = []
 
@@ -196,6 +197,7 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 _lean_draft = witnessed(lambda draft_worker, batch: draft_worker.lean_draft(batch), LEAN_DRAFT)
+_lean_extend = witnessed(lambda draft_worker, batch, result: draft_worker.lean_extend(batch, result), LEAN_EXTEND)
 _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
 # a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
 _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
@@ -305,6 +307,10 @@ class TritonEagleDraftWorker(EagleDraftWorker):
             publish, self.read_done_after_fill = self.read_done_after_fill, None
             if publish is not None:
                 publish()
+            return None
+        if self.lean_extend_on and not kwargs and self.lean_extends(batch, batch_result):
+            _lean_extend(self, batch, batch_result)
+            self.draft_stale = False
             return None
         result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
         if not batch.forward_mode.is_idle():  # an idle batch extends nobody: the running requests keep their state
@@ -461,6 +467,9 @@ class TritonEagleDraftWorker(EagleDraftWorker):
     _first_draft_checked = False
 
     lean = False  # the draft phase is :meth:`lean_draft` (EagleTritonWorkerV2.start_lean_draft)
+    lean_extend_on = False  # the draft extend is :meth:`lean_extend` (EagleTritonWorkerV2.start_lean_extend)
+    _extend_graphs: dict | None = None  # draft tokens n -> RowGraphs of extend_rows (capture_lean_extend)
+    publish_read_done = None  # records the scheduler's WAR event after a lean extend (set with lean_extend_on)
     _lean_graphs: dict | None = None  # drafter shape -> RowGraphs of its tree (capture_lean_draft)
 
     def draft(self, batch, *args, **kwargs):
@@ -520,6 +529,72 @@ class TritonEagleDraftWorker(EagleDraftWorker):
                              for shape, sizes in shapes.items()}
 
 
+    # -- the lean draft extend (config.LEAN_EXTEND_ENV) -----------------------------------------------------------
+
+    def lean_extends(self, batch, batch_result) -> bool:
+        """Whether the draft extend of this decode step can be :meth:`lean_extend`'s: a batch that is not idle whose
+        verify handed over ``n`` next tokens and target hidden states per request (``n`` = the state's draft tokens:
+        a chain's whole verify)."""
+        if batch.forward_mode.is_idle():
+            return False
+        rows = batch.seq_lens.shape[0] * self.speculative_num_draft_tokens
+        hidden = batch_result.logits_output.hidden_states
+        return hidden is not None and batch_result.next_token_ids.shape[0] == rows == hidden.shape[0]
+
+    def lean_extend(self, batch, batch_result) -> None:
+        """SGLang's ``_draft_extend_for_decode`` after a chain's verify, less what nobody reads: the draft KV of every
+        verified row and the next draft's input (top-k, carried hidden state) from each request's last accepted row
+        alone (:meth:`extend_rows`), replayed from :meth:`capture_lean_extend`'s graph of the batch's size where
+        there is one; without ``prepare_for_draft_extend`` (``ForwardBatch.init_new``), SGLang's draft-extend graph
+        runner (input copies, padding, attention metadata) and the row select and argmax after it. The outputs go
+        where SGLang's go (``next_draft_input``; graph buffers the scheduler's relay copies in this step), and the
+        scheduler's WAR event is recorded after the replay, whose attention read ``req_to_token``."""
+        bs, n = batch.seq_lens.shape[0], self.speculative_num_draft_tokens
+        target_hidden = batch_result.logits_output.hidden_states
+        rows = (batch_result.next_token_ids.view(bs, n), target_hidden.view(bs, n, target_hidden.shape[-1]),
+                batch.seq_lens, batch.out_cache_loc.view(bs, n), batch_result.accept_lens, batch.req_pool_indices)
+        graphs = None if self._extend_graphs is None else self._extend_graphs.get(n)
+        topk_p, topk_index, hidden = graphs(*rows) if graphs is not None else self.extend_rows(*rows)
+        if self.publish_read_done is not None:
+            self.publish_read_done()
+        draft_input = batch_result.next_draft_input
+        draft_input.topk_p, draft_input.topk_index, draft_input.hidden_states = topk_p, topk_index, hidden
+
+    def extend_rows(self, next_token_ids, target_hidden, seq_lens, out_cache_loc, accept_lens, req_pool_indices):
+        """:meth:`FusedDrafter.draft_extend` for a batch given request first: next_token_ids [bs, n], target_hidden
+        [bs, n, features] (the verify's), out_cache_loc [bs, n] (its KV slots: the draft KV goes to the same slots
+        through SGLang's pool, with the draft layer's scales), seq_lens / accept_lens / req_pool_indices [bs], integer
+        inputs of any integer dtype. Returns ``(topk_p [bs, topk] fp32, topk_index [bs, topk] int64, hidden [bs,
+        H])``."""
+        bs, n = next_token_ids.shape
+        carried = self._carried_hidden(target_hidden.reshape(bs * n, target_hidden.shape[-1])).view(bs, n, -1)
+        attn, pool, slots = self._draft_attention, self.draft_runner.token_to_kv_pool, out_cache_loc.reshape(-1)
+
+        def store_kv(k, v):
+            pool.set_kv_buffer(attn, slots, k, v, attn.k_scale, attn.v_scale)
+
+        return self.fused_drafter.draft_extend(next_token_ids.to(torch.int64), carried, seq_lens.to(torch.int64),
+                                               accept_lens, req_pool_indices.to(torch.int64), store_kv, self.topk)
+
+    def capture_lean_extend(self, sizes: dict, **graph_options) -> None:
+        """:meth:`extend_rows` for each draft-token count of ``sizes`` ({n: batch sizes}) as one CUDA graph per size
+        (:class:`~sgl_eagle_triton.row_graphs.RowGraphs`: padding rows a request of length 1 in SGLang's padding
+        row 0 of the request pool, writing the padding KV slot 0). Captured inside SGLang's ``graph_capture`` unless
+        ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are given."""
+        w = self.fused_drafter.w
+        device, width = w.embed.device, self._target_hidden_width()
+        pads = (0, None, 1, 0, 1, 0)
+        pool = None if graph_options else torch.cuda.graph_pool_handle()  # one replays at a time
+        graphs = {}
+        for n, batch_sizes in sizes.items():
+            ones = torch.ones(1, dtype=torch.int64, device=device)
+            example = (torch.zeros(1, n, dtype=torch.int64, device=device),
+                       torch.zeros(1, n, width, dtype=w.dtype, device=device), ones,
+                       torch.zeros(1, n, dtype=torch.int64, device=device), ones, torch.zeros_like(ones))
+            graphs[n] = captured_row_graphs(self.extend_rows, batch_sizes, pads, example, pool, **graph_options)
+        self._extend_graphs = graphs
+
+
 class EagleTritonWorkerV2(EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled)."""
 
@@ -527,6 +602,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
     lean_draft_on = False  # the draft phase is the lean one (start_lean_draft)
     lean_draft_declined: str | None = None  # why the draft phase keeps SGLang's preparation (start_lean_draft)
+    lean_extend_on = False  # the draft extend is the lean one (start_lean_extend)
     verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
     verify_in_graph_declined: str | None = None  # why greedy verifies run outside the target's graphs
     _ab_steps = _ab_count = 0  # an A/B inside this server (config.AB_STEPS_ENV): steps per arm, decode steps so far
@@ -747,6 +823,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         self.compile_eager_kernels()
         self.capture_draft_kv()
         self.start_lean_draft()
+        self.start_lean_extend()
         if self.cost_policy is None:
             return
         states = self.adaptive_controller._states
@@ -757,6 +834,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                 # graphs (start_lean_draft, before this), not SGLang's draft graphs
                 lean = self.draft_worker._lean_graphs or {}
                 runners = (lean.get(self.draft_worker.drafter_shape(steps)), *runners[1:])
+            if steps > 0 and self.lean_extend_on:  # ours (start_lean_extend), not SGLang's draft-extend graphs
+                runners = (*runners[:2], (self.draft_worker._extend_graphs or {}).get(
+                    state.speculative_num_draft_tokens))
             if steps == 0:  # steps 0 fills the draft KV instead of the draft extend (TritonEagleDraftWorker), in
                 # its target graphs where they end with the fill (off_step.GraphEpilogue)
                 in_graph = self.plain_off is not None and self.plain_off.epilogue is not None
@@ -879,6 +959,38 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                     f"{config.LEAN_DRAFT_ENV}=1" if mode == "on" else "the default", len(dw._lean_graphs or {}),
                     time.perf_counter() - tic)
 
+    def start_lean_extend(self) -> None:
+        """Under ``config.LEAN_EXTEND_ENV=1`` (the server args checked at start: :func:`config.lean_extend_unserved`),
+        every decode step's draft extend after a chain's verify as :meth:`TritonEagleDraftWorker.lean_extend`, its
+        rows captured at the batch sizes of each state's verify graphs (none with CUDA graphs off: eager). Refused
+        (RuntimeError naming what to change) where SGLang's draft extend does more than it replaces: it seeds DSA's
+        top-k, or a KV canary checks the draft's forwards."""
+        if config.lean_extend_mode() != "on":
+            return
+        dw = self.draft_worker
+        why = None
+        if getattr(dw, "seed_dsa_topk_from_draft_extend", False):
+            why = "the draft seeds DSA's top-k from the draft extend"
+        elif getattr(dw.draft_runner, "canary_manager", None) is not None:
+            why = "a KV canary checks the draft's forwards"
+        if why is not None:
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_EXTEND_ENV}=1, but {why}. "
+                               f"Unset {config.LEAN_EXTEND_ENV}.")
+        controller = self.adaptive_controller
+        states = ({self.speculative_num_draft_tokens: glue.target_graph_runner(self.target_worker.model_runner)}
+                  if controller is None else
+                  {state.speculative_num_draft_tokens: getattr(state, "target_graph_runner", None)
+                   for state in controller._states.values()})
+        sizes = {n: graph_sizes(runner) for n, runner in states.items() if graph_sizes(runner)}
+        tic = time.perf_counter()
+        if sizes and not settings(self.server_args).disable_cuda_graph:
+            dw.capture_lean_extend(sizes)
+        dw.publish_read_done = self._publish_read_done
+        dw.lean_extend_on = self.lean_extend_on = True
+        logger.info("%s: the draft extend keeps each request's last accepted row alone (%s=1): graphs of %s draft "
+                    "tokens captured in %.1f s", ALGORITHM_NAME, config.LEAN_EXTEND_ENV,
+                    sorted(dw._extend_graphs or ()), time.perf_counter() - tic)
+
     def _decline_lean_draft(self, mode: str, why: str, expected: bool = False) -> None:
         """SGLang's draft phase instead of the lean one, for ``why``: logged (a warning unless ``expected``, a server
         argument that rules it out) and kept for the kernel report; under ``config.LEAN_DRAFT_ENV=1`` (``mode``
@@ -930,14 +1042,19 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     def _next_ab_arm(self) -> None:
         """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run has its feature
         (config.AB_FEATURE_ENV) on or off, alternating every ``_ab_steps`` steps: the greedy verify inside the target's
-        graphs or after them, the lean draft phase or SGLang's; the cycle timing, which times this step, is told its
-        arm (config.AB_ARMS). Nothing where the feature did not start (declined: logged then)."""
+        graphs or after them, the lean draft phase or SGLang's, the lean draft extend or SGLang's; the cycle timing,
+        which times this step, is told its arm (config.AB_ARMS). Nothing where the feature did not start (declined:
+        logged then)."""
         off = (self._ab_count // self._ab_steps) % 2 == 1
         self._ab_count += 1
         if self._ab_feature == "lean_draft":
             if not self.lean_draft_on:
                 return
             self.draft_worker.lean = not off
+        elif self._ab_feature == "lean_extend":
+            if not self.lean_extend_on:
+                return
+            self.draft_worker.lean_extend_on = not off
         else:
             if self.verify_epilogue is None or not self.verify_epilogue.enabled:
                 return
@@ -1056,6 +1173,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         elif self.lean_draft_declined is not None:
             kernels["draft phase"] = (f"SGLang's prepare_for_draft and draft graphs (lean declined: "
                                       f"{self.lean_draft_declined})")
+        if self.lean_extend_on:
+            kernels["draft extend"] = ("lean: the draft KV of every verified row, the layer and LM head of each "
+                                       "request's last accepted row alone")
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:

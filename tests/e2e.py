@@ -19,7 +19,7 @@ from sgl_eagle_triton import config
 from sgl_eagle_triton.devtools.launcher import Server
 from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 from sgl_eagle_triton.verify_epilogue import VERIFY_IN_GRAPH
-from sgl_eagle_triton.worker import BUILD_TREE, LEAN_DRAFT
+from sgl_eagle_triton.worker import BUILD_TREE, LEAN_DRAFT, LEAN_EXTEND
 from tests.lossless import (
     CONTROL_CEILING,
     TIE_MARGIN,
@@ -76,6 +76,19 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
     phase = report["kernels"].get("draft phase", "")
     if config.lean_draft_mode() != "off" and not phase.startswith("lean" if expected else "SGLang's"):
         return f"the kernel report's draft phase is {phase!r}"
+    return None
+
+
+def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True) -> str | None:
+    """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: under
+    ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1`` exported for the run, some decode steps' extends were the lean one and the
+    report names it (one GPU, a chain: elsewhere the server refuses to start); without it, none."""
+    expected = config.lean_extend_mode() == "on" and one_gpu and chain
+    ran = report["ran"].get(LEAN_EXTEND, 0)
+    if expected and not (ran and report["kernels"].get("draft extend", "").startswith("lean")):
+        return f"{ran} lean draft extends, the kernel report's draft extend {report['kernels'].get('draft extend')!r}"
+    if not expected and ran:
+        return f"{ran} lean draft extends where SGLang's draft extend should run"
     return None
 
 

@@ -556,6 +556,12 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append(runners) or {1: 1.0})
     w.init_cuda_graphs()
     assert seen == [(states[0].target_graph_runner, "f0"), ("L3", states[3].target_graph_runner, "e3")]
+    # under the lean draft extend (SGLANG_EAGLE_TRITON_LEAN_EXTEND=1) a drafting state's extend graphs are ours
+    monkeypatch.setattr(worker.EagleTritonWorkerV2, "start_lean_extend", lambda self: None)
+    w._draft_worker._extend_graphs, w.lean_extend_on = {4: "X4"}, True  # as start_lean_extend leaves them
+    seen.clear()
+    w.init_cuda_graphs()
+    assert seen == [(states[0].target_graph_runner, "f0"), ("L3", states[3].target_graph_runner, "X4")]
 
 
 def test_the_cost_policy_over_trees_counts_every_verify_on_the_device(device, monkeypatch):

@@ -37,6 +37,7 @@ from tests.e2e import (
     adaptive_tree_flags,
     e2e_server,
     lean_draft_problem,
+    lean_extend_problem,
     serve_concurrently,
     serve_generate,
     tensor_parallel,
@@ -101,6 +102,8 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
         assert lean_draft_problem(reports[key]) is None, reports[key]
         # greedy chains verified inside the target's verify graphs (the default on one GPU)
         assert verify_in_graph_problem(reports[key]) is None, reports[key]
+        # the lean draft extend where SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 is exported for the run, else none
+        assert lean_extend_problem(reports[key]) is None, reports[key]
     steps = reports["ours_cycle"]["adaptive_steps_in_force"]
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
     # steps 0 filled the draft KV alone, and every move from 0 to a draft went through one full draft extend

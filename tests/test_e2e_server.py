@@ -38,6 +38,7 @@ from tests.e2e import (
     accept_share,
     e2e_server,
     lean_draft_problem,
+    lean_extend_problem,
     serve_all,
     serve_concurrently,
     serve_generate,
@@ -138,6 +139,8 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
         assert lean_draft_problem(report_state, one_gpu=parallel == "tp1") is None, report_state
         # greedy chains verified inside the target's verify graphs on one GPU (the default), trees after them
         assert verify_in_graph_problem(report_state, one_gpu=parallel == "tp1", chain=topk == 1) is None, report_state
+        # the lean draft extend where SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 is exported for the run (chains), else none
+        assert lean_extend_problem(report_state, one_gpu=parallel == "tp1", chain=topk == 1) is None, report_state
 
 
 @pytest.mark.parametrize("parallel", ["tp1", "tp2", "tp4"])

@@ -15,6 +15,7 @@ from sgl_eagle_triton.drafter import FusedDrafter
 from tests import (
     test_build_tree,
     test_draft_attention,
+    test_draft_extend,
     test_draft_select,
     test_drafter,
     test_embed_shard,
@@ -99,6 +100,36 @@ def test_draft_kv_with_rope_one_position_late_fails(monkeypatch, device):
                                                                                                   positions + 1))
     with pytest.raises(AssertionError):
         test_drafter.test_draft_kv_matches_twin(device, True, torch.bfloat16, 5)
+
+
+def test_draft_extend_keeping_the_first_row_fails(monkeypatch, device):
+    """The lean draft extend hands on the first row of each request instead of its last accepted one (a select index
+    that forgets the accept lengths): caught by the twin comparison."""
+    extend = FusedDrafter.draft_extend
+
+    def first_row(self, input_ids, hidden, seq_lens, accept_lens, *rest):
+        return extend(self, input_ids, hidden, seq_lens, torch.ones_like(accept_lens), *rest)
+
+    monkeypatch.setattr(FusedDrafter, "draft_extend", first_row)
+    with pytest.raises(AssertionError):
+        test_draft_extend.test_draft_extend_matches_twin(device, True, torch.bfloat16, 5, 4)
+
+
+def test_draft_extend_storing_its_rows_after_the_attention_fails(monkeypatch, device):
+    """The lean draft extend stores its rows' K / V after the kept row's attention (which then reads the pool as it
+    was before the extend instead of its own accepted rows): caught by the twin comparison."""
+    extend = FusedDrafter.draft_extend
+
+    def store_late(self, input_ids, hidden, seq_lens, accept_lens, req_pool_indices, store_kv, topk):
+        stored = []
+        out = extend(self, input_ids, hidden, seq_lens, accept_lens, req_pool_indices,
+                     lambda k, v: stored.append((k.clone(), v.clone())), topk)
+        store_kv(*stored[0])
+        return out
+
+    monkeypatch.setattr(FusedDrafter, "draft_extend", store_late)
+    with pytest.raises(AssertionError):
+        test_draft_extend.test_draft_extend_matches_twin(device, True, torch.bfloat16, 5, 4)
 
 
 def test_draft_attention_off_by_one_row_fails(monkeypatch, device):

@@ -619,7 +619,8 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
 def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkeypatch):
     """SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH: 0 or 1, 1 refused with trees; SGLANG_EAGLE_TRITON_AB_STEPS /
     _AB_FEATURE (diagnostics): a whole number of steps, a known feature, with the cycle timing and what the feature
-    needs. Each step sets variables (None: unset) and expects a refusal matching the pattern, or none."""
+    needs. Each step sets variables (None: unset) and
+    expects a refusal matching the pattern, or none."""
     chain = ("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
     steps = [
         ({config.VERIFY_IN_GRAPH_ENV: "yes"}, (), "SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH='yes'.*Give 1"),
@@ -646,6 +647,40 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
         else:
             with pytest.raises(EagleTritonConfigError, match=refused):
                 _args(*argv)
+
+
+def test_the_lean_extend_is_opt_in_and_refused_where_it_cannot_run(monkeypatch):
+    """SGLANG_EAGLE_TRITON_LEAN_EXTEND: 0 or 1 (unset: SGLang's draft extend); 1 only on the SGLang it was read from
+    and GPU-run on, with a chain (topk 1), one GPU and the overlap scheduler; its A/B only under 1. Each refusal
+    names what to change."""
+    chain = ("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "yes")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_LEAN_EXTEND='yes'.*Give 1"):
+        _args(*chain)
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
+    _args(*chain)
+    assert config.lean_extend_mode() == "off"
+    for name, value in ((config.AB_STEPS_ENV, "16"), (config.CYCLE_TIMING_ENV, "200"),
+                        (config.AB_FEATURE_ENV, "lean_extend")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for lean_extend without .*LEAN_EXTEND=1.*Set"):
+        _args(*chain)
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
+    assert config.lean_extend_mode() == "on"
+    if config.versions.installed() not in config.versions.GPU_TESTED:  # an SGLang lane: refused there
+        with pytest.raises(EagleTritonConfigError, match=r"LEAN_EXTEND=1 with SGLang .*Use SGLang 0\.5\.17"):
+            _args(*chain)
+        return
+    _args(*chain)
+    tree = ("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+    for argv, refused in ((tree, "LEAN_EXTEND=1 with --speculative-eagle-topk 4.*Use --speculative-eagle-topk 1"),
+                          ((*chain, "--disable-overlap-schedule"),
+                           "LEAN_EXTEND=1 with --disable-overlap-schedule.*Remove --disable-overlap-schedule")):
+        with pytest.raises(EagleTritonConfigError, match=refused):
+            _args(*argv)
+    args = _args(*chain)
+    with pytest.raises(EagleTritonConfigError, match=re.escape("LEAN_EXTEND=1 with --tp 2") + ".*Use --tp 1"):
+        config._validate(Overlay(args.record, tp_size=2))
 
 
 def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkeypatch):
