@@ -514,14 +514,22 @@ def _validate(sa) -> None:
     if plain_off() and sa.tp_size > 1:
         _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
                 f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
-    _check_switch(LEAN_DRAFT_ENV, lean_draft_mode, lean_draft_unserved, sa, "the draft phase must run without "
-                  "SGLang's prepare_for_draft and draft graphs", "SGLang's draft phase",
-                  "the lean draft phase wherever it can run")
-    _check_switch(LEAN_EXTEND_ENV, lean_extend_mode, lean_extend_unserved, sa, "the lean draft extend",
-                  "SGLang's draft extend", "SGLang's")
-    _check_switch(VERIFY_IN_GRAPH_ENV, verify_in_graph_mode, verify_in_graph_unserved, sa,
-                  "greedy chains verified inside the target's CUDA graphs", "after them",
-                  "inside them wherever they can")
+    if os.environ.get(LEAN_DRAFT_ENV, "0") not in ("0", "1"):
+        _refuse(f"{LEAN_DRAFT_ENV}={os.environ[LEAN_DRAFT_ENV]!r}", "Give 1 (the draft phase must run without "
+                "SGLang's prepare_for_draft and draft graphs) or 0 (SGLang's draft phase), or unset it (the lean "
+                "draft phase wherever it can run).")
+    if lean_draft() and (why := lean_draft_unserved(sa)) is not None:
+        _refuse(f"{LEAN_DRAFT_ENV}=1 with {why[0]}", f"{why[1]}, or unset {LEAN_DRAFT_ENV}.")
+    if os.environ.get(LEAN_EXTEND_ENV, "0") not in ("0", "1"):
+        _refuse(f"{LEAN_EXTEND_ENV}={os.environ[LEAN_EXTEND_ENV]!r}", "Give 1 (the lean draft extend) or 0 (SGLang's "
+                "draft extend), or unset it (SGLang's).")
+    if lean_extend_mode() == "on" and (why := lean_extend_unserved(sa)) is not None:
+        _refuse(f"{LEAN_EXTEND_ENV}=1 with {why[0]}", f"{why[1]}, or unset {LEAN_EXTEND_ENV}.")
+    if os.environ.get(VERIFY_IN_GRAPH_ENV, "0") not in ("0", "1"):
+        _refuse(f"{VERIFY_IN_GRAPH_ENV}={os.environ[VERIFY_IN_GRAPH_ENV]!r}", "Give 1 (greedy chains verified inside "
+                "the target's CUDA graphs) or 0 (after them), or unset it (inside them wherever they can).")
+    if verify_in_graph_mode() == "on" and (why := verify_in_graph_unserved(sa)) is not None:
+        _refuse(f"{VERIFY_IN_GRAPH_ENV}=1 with {why[0]}", f"{why[1]}, or unset {VERIFY_IN_GRAPH_ENV}.")
     if os.environ.get(DRAFT_CHECK_ENV) and not sa.disable_cuda_graph:
         _refuse(f"{DRAFT_CHECK_ENV} with CUDA graphs (the check syncs with the host)", "Add --disable-cuda-graph.")
     if getattr(sa, "enable_fp32_lm_head", False):
@@ -598,16 +606,6 @@ def lean_draft_unserved(sa) -> tuple[str, str] | None:
     return None
 
 
-def _check_switch(env: str, mode, unserved, sa, on: str, off: str, unset: str) -> None:
-    """Refuse a feature switch ``env`` (0 / 1 / unset) given another value, or 1 where ``unserved(sa)`` names what
-    rules the feature out; ``on`` / ``off`` / ``unset`` say what each value serves, for the message."""
-    if os.environ.get(env, "0") not in ("0", "1"):
-        _refuse(f"{env}={os.environ[env]!r}", f"Give 1 ({on}) or 0 ({off}), or unset it ({unset}).")
-    if mode() == "on" and (why := unserved(sa)) is not None:
-        what, change = why
-        _refuse(f"{env}=1 with {what}", f"{change}, or unset {env}.")
-
-
 def lean_extend_mode() -> str:
     """:data:`LEAN_EXTEND_ENV` as ``"on"`` (``1``: the lean draft extend, required) or ``"off"`` (unset, ``0``, and
     values the start-up refused)."""
@@ -619,8 +617,9 @@ def lean_extend_unserved(sa) -> tuple[str, str] | None:
     not (the draft model's own hooks are checked by the worker: ``EagleTritonWorkerV2.start_lean_extend``)."""
     sa = glue_args.settings(sa)
     if (version := versions.installed()) not in versions.GPU_TESTED:
-        return (f"SGLang {version} (its draft extend read and GPU-run on {', '.join(versions.GPU_TESTED)} only; "
-                "0.5.23's plans its KV window in the draft phase)", f"Use SGLang {versions.GPU_TESTED[-1]}")
+        return (f"SGLang {version} (the lean extend is read against SGLang's extend of {', '.join(versions.GPU_TESTED)}"
+                " only, the release GPU runs serve; 0.5.23's plans its KV window in the draft phase)",
+                f"Use SGLang {versions.GPU_TESTED[-1]}")
     if sa.tp_size > 1:
         return f"--tp {sa.tp_size} (its graphs under tensor parallelism are untested)", "Use --tp 1"
     if (sa.speculative_eagle_topk or 1) > 1:

@@ -197,10 +197,17 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
 _fused_draft = witnessed(FusedDrafter.draft, FUSED_DRAFTER)
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 _lean_draft = witnessed(lambda draft_worker, batch: draft_worker.lean_draft(batch), LEAN_DRAFT)
+# the lean extend's padding rows (RowGraphs): token 0 of request 0 at length 1, one accepted, into the padding slot 0
+EXTEND_PADS = (0, None, 1, 0, 1, 0)
 _lean_extend = witnessed(lambda draft_worker, batch, result: draft_worker.lean_extend(batch, result), LEAN_EXTEND)
 _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
 # a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
 _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
+
+
+def _free_gpu_bytes() -> int:
+    """Free memory of the current CUDA device in bytes (0 without one): what a capture took, for its log line."""
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
 def verify_graph_sizes(state) -> list[int]:
@@ -551,8 +558,8 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         scheduler's WAR event is recorded after the replay, whose attention read ``req_to_token``."""
         bs, n = batch.seq_lens.shape[0], self.speculative_num_draft_tokens
         target_hidden = batch_result.logits_output.hidden_states
-        rows = (batch_result.next_token_ids.view(bs, n), target_hidden.view(bs, n, target_hidden.shape[-1]),
-                batch.seq_lens, batch.out_cache_loc.view(bs, n), batch_result.accept_lens, batch.req_pool_indices)
+        rows = (batch_result.next_token_ids.reshape(bs, n), target_hidden.reshape(bs, n, target_hidden.shape[-1]),
+                batch.seq_lens, batch.out_cache_loc.reshape(bs, n), batch_result.accept_lens, batch.req_pool_indices)
         graphs = None if self._extend_graphs is None else self._extend_graphs.get(n)
         topk_p, topk_index, hidden = graphs(*rows) if graphs is not None else self.extend_rows(*rows)
         if self.publish_read_done is not None:
@@ -581,18 +588,25 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         (:class:`~sgl_eagle_triton.row_graphs.RowGraphs`: padding rows a request of length 1 in SGLang's padding
         row 0 of the request pool, writing the padding KV slot 0). Captured inside SGLang's ``graph_capture`` unless
         ``graph_options`` (RowGraphs' ``graph`` / ``capturing``: tests) are given."""
-        w = self.fused_drafter.w
-        device, width = w.embed.device, self._target_hidden_width()
-        pads = (0, None, 1, 0, 1, 0)
         pool = None if graph_options else torch.cuda.graph_pool_handle()  # one replays at a time
-        graphs = {}
-        for n, batch_sizes in sizes.items():
-            ones = torch.ones(1, dtype=torch.int64, device=device)
-            example = (torch.zeros(1, n, dtype=torch.int64, device=device),
-                       torch.zeros(1, n, width, dtype=w.dtype, device=device), ones,
-                       torch.zeros(1, n, dtype=torch.int64, device=device), ones, torch.zeros_like(ones))
-            graphs[n] = captured_row_graphs(self.extend_rows, batch_sizes, pads, example, pool, **graph_options)
-        self._extend_graphs = graphs
+        self._extend_graphs = {n: captured_row_graphs(self.extend_rows, batch_sizes, EXTEND_PADS,
+                                                      self._extend_example(n), pool, **graph_options)
+                               for n, batch_sizes in sizes.items()}
+
+    def compile_lean_extend(self, draft_tokens) -> None:
+        """:meth:`extend_rows` run once eagerly for one padding request (writing SGLang's padding KV slot 0) per count
+        of ``draft_tokens``, so that Triton compiles it before serving where no graph will (CUDA graphs off)."""
+        for n in draft_tokens:
+            self.extend_rows(*self._extend_example(n))
+
+    def _extend_example(self, n: int) -> tuple:
+        """:meth:`extend_rows`' inputs for one padding request of ``n`` rows (:data:`EXTEND_PADS`)."""
+        w = self.fused_drafter.w
+        device = w.embed.device
+        ones = torch.ones(1, dtype=torch.int64, device=device)
+        return (torch.zeros(1, n, dtype=torch.int64, device=device),
+                torch.zeros(1, n, self._target_hidden_width(), dtype=w.dtype, device=device), ones,
+                torch.zeros(1, n, dtype=torch.int64, device=device), ones, torch.zeros_like(ones))
 
 
 class EagleTritonWorkerV2(EAGLEWorkerV2):
@@ -982,14 +996,18 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                   {state.speculative_num_draft_tokens: getattr(state, "target_graph_runner", None)
                    for state in controller._states.values()})
         sizes = {n: graph_sizes(runner) for n, runner in states.items() if graph_sizes(runner)}
-        tic = time.perf_counter()
-        if sizes and not settings(self.server_args).disable_cuda_graph:
+        tic, free = time.perf_counter(), _free_gpu_bytes()
+        if not sizes or settings(self.server_args).disable_cuda_graph:
+            sizes = {}
+        else:
             dw.capture_lean_extend(sizes)
+        dw.compile_lean_extend(sorted(set(states) - set(sizes)))  # the counts run eagerly: compiled first
         dw.publish_read_done = self._publish_read_done
         dw.lean_extend_on = self.lean_extend_on = True
         logger.info("%s: the draft extend keeps each request's last accepted row alone (%s=1): graphs of %s draft "
-                    "tokens captured in %.1f s", ALGORITHM_NAME, config.LEAN_EXTEND_ENV,
-                    sorted(dw._extend_graphs or ()), time.perf_counter() - tic)
+                    "tokens captured in %.1f s, %.0f MiB of GPU memory", ALGORITHM_NAME, config.LEAN_EXTEND_ENV,
+                    sorted(sizes), time.perf_counter() - tic,
+                    (free - _free_gpu_bytes()) / 2**20)
 
     def _decline_lean_draft(self, mode: str, why: str, expected: bool = False) -> None:
         """SGLang's draft phase instead of the lean one, for ``why``: logged (a warning unless ``expected``, a server

@@ -107,6 +107,10 @@ def test_the_lean_extend_hands_the_next_draft_what_the_fused_extend_makes(device
         dw.capture_lean_extend({n: [1, 2, 4]}, capturing=lambda g: torch.cuda.graph(g))
     else:
         dw.capture_lean_extend({n: [1, 2, 4]}, **_recorded_extend(dw))
+    before = eager[1].k_cache.clone()
+    eager[0].compile_lean_extend([1, n])  # what a server without graphs runs before serving: the padding slot only
+    assert torch.equal(eager[1].k_cache[1:], before[1:]) and len(eager[1].writes) == 2
+    eager[1].writes.clear()
     published = []
     for d, *_ in (graphed, eager):
         d.lean_extend_on, d.publish_read_done = True, lambda d=d: published.append(d)
@@ -187,11 +191,13 @@ def _main_worker(dw, states=None):
 def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(monkeypatch, caplog):
     """start_lean_extend: nothing unless SGLANG_EAGLE_TRITON_LEAN_EXTEND=1; then each draft-token count captured at
     its state's verify graphs' sizes (static: the target's decode graphs), none with CUDA graphs off (eager), the
-    scheduler's WAR event handed to the draft worker; refused where SGLang's extend seeds DSA's top-k or a KV canary
-    watches the draft."""
+    scheduler's WAR event handed to the draft worker, the counts without graphs compiled eagerly first; refused
+    where SGLang's extend seeds DSA's top-k or a KV canary watches the draft."""
     caplog.set_level(logging.INFO)
     captured = []
-    dw = SimpleNamespace(capture_lean_extend=captured.append, lean_extend_on=False, _extend_graphs=None,
+    compiled = []
+    dw = SimpleNamespace(capture_lean_extend=captured.append, compile_lean_extend=compiled.append,
+                         lean_extend_on=False, _extend_graphs=None,
                          publish_read_done=None, draft_runner=SimpleNamespace(canary_manager=None),
                          seed_dsa_topk_from_draft_extend=False)
     w = _main_worker(dw)
@@ -202,7 +208,7 @@ def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(
     assert captured == [] and not dw.lean_extend_on and not w.lean_extend_on
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
     w.start_lean_extend()
-    assert captured == [{4: [1, 2, 16]}] and dw.lean_extend_on and w.lean_extend_on
+    assert captured == [{4: [1, 2, 16]}] and dw.lean_extend_on and w.lean_extend_on and compiled == [[]]
     assert dw.publish_read_done == w._publish_read_done and "last accepted row alone" in caplog.text
     graphs = SimpleNamespace(capture_bs=[2, 1])
     w = _main_worker(dw, {0: SimpleNamespace(speculative_num_draft_tokens=1, target_graph_runner=graphs),
@@ -210,9 +216,10 @@ def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(
                           7: SimpleNamespace(speculative_num_draft_tokens=8, target_graph_runner=None)})
     w.start_lean_extend()
     assert captured[-1] == {1: [1, 2], 4: [1, 2]}  # steps 0's resume extends one row; no graphs at 7: eager
+    assert compiled[-1] == [8]
     w.server_args.disable_cuda_graph = True
     w.start_lean_extend()
-    assert len(captured) == 2 and w.lean_extend_on
+    assert len(captured) == 2 and w.lean_extend_on and compiled[-1] == [1, 4, 8]  # eager: compiled before serving
     for owner, attr, why in ((dw, "seed_dsa_topk_from_draft_extend", "seeds DSA"),
                              (dw.draft_runner, "canary_manager", "a KV canary")):
         with monkeypatch.context() as patch:
