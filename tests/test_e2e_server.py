@@ -94,10 +94,15 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     for steps, topk, n in trees:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
+        # SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 exported for the run serves chains on one GPU (refused elsewhere): the
+        # other servers run SGLang's draft extend
+        lean_extend = config.lean_extend_mode() != "on" or (topk == 1 and parallel == "tp1")
+        server_env = env if lean_extend else {**(env or {}), config.LEAN_EXTEND_ENV: "0"}
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
             servers[(algo, n)] = functools.partial(e2e_server, name, target,
-                                                   ["--speculative-algorithm", algo, *spec, *flags], tmp_path, env=env)
+                                                   ["--speculative-algorithm", algo, *spec, *flags], tmp_path,
+                                                   env=server_env)
     results, infos = serve_concurrently(servers, serve_all, [("EAGLE_TRITON", n) for _, _, n in trees],
                                         one_at_a_time=parallel != "tp1")
     ours_info = {n: infos["EAGLE_TRITON", n] for _, _, n in trees}
