@@ -3,6 +3,7 @@
     python -m bench.drafter [--out bench/results]        (on a GPU, from the repository root)
     python -m bench.drafter --kv-formats [--out ...]      whole draft under each KV format and page size
     python -m bench.drafter --tp 4 [--out ...]            one rank's draft at --tp 4 (shard shapes, no collectives)
+    python -m bench.drafter --extend [--out ...]          the lean draft extend (FusedDrafter.draft_extend)
 
 With ``--kv-formats`` only the whole-draft rows run, once per KV format (``KV_FORMATS``: bf16 / page 1, bf16 /
 page 16, FP8 e4m3 / page 1, FP8 e4m3 / page 16, in that order and then again reversed, so neither end of the run
@@ -17,6 +18,12 @@ matmul + softmax + top-k, each cycling through copies of its weight so that no r
 The floor of a draft is the bytes it must read
 (draft weights once per forward, each request's prefix KV once per forward) over the measured copy
 bandwidth (read + write bytes of a large copy). Writes ``<date>-<gpu>-drafter.json`` and ``.md``.
+
+With ``--extend`` the rows are the lean draft extend after a chain's verify of ``n`` draft tokens
+(``FusedDrafter.draft_extend``: the K / V of all ``n`` rows into the pool, the layer and LM head of each request's
+last accepted row) in a CUDA graph, beside the layer and LM head over every row (``extend_step`` on all ``bs n``
+rows at their positions: the GPU work SGLang's draft extend does, with our kernels), against the floor of the
+draft weights and each request's prefix KV read once. Writes ``<date>-<gpu>-drafter-extend.json`` / ``.md``.
 
 With ``--tp N`` every row runs rank 0's part of a draft at ``--tp N`` (``testing.draft_shard``: SGLang's shards
 of the weights and KV heads) with the collectives replaced by local stand-ins (the all-reduce returns its input, the
@@ -108,6 +115,52 @@ def bench_draft(w, steps, topk, n, bs, bandwidth, kv_dtype=None, page_size=1, ra
     return dict(op="draft (whole cycle)", impl="triton (ours)", steps=steps, topk=topk, draft_tokens=n, batch=bs,
                 kv_cache_dtype=kv_name(kv_dtype), page_size=page_size, tp=tp_size(rank),
                 graph_us=t, floor_us=floor, over_floor=t / floor if floor else None)
+
+
+EXTEND_TOKENS = [2, 4, 8]  # the draft tokens of the chains the lean extend serves (the cost policy's 1, 3, 7 steps)
+
+
+def extend_once(w, n, bs, every_row=False, device="cuda"):
+    """A repeatable lean draft extend of a random batch (``bs`` requests of ``PREFIX``-token prefixes, ``n`` verified
+    rows each, random accept lengths): ``FusedDrafter.draft_extend``, or with ``every_row`` the layer and LM head
+    over all ``bs n`` rows (``extend_step`` with one row per position)."""
+    gen = torch.Generator().manual_seed(bs * 100 + n)
+    b = random_batch(w, bs, 1, n, [PREFIX] * bs, gen, device)
+    drafter = FusedDrafter(w, 1, 1, n, b["k_cache"], b["v_cache"], b["req_to_token"])
+    ids = torch.randint(0, w.embed.shape[0], (bs, n), generator=gen).to(device)
+    hidden = torch.randn(bs, n, w.hidden_size, generator=gen).to(w.dtype).to(device)
+    accept = torch.randint(1, n + 1, (bs,), generator=gen).to(device)
+    positions = b["seq_lens"][:, None] + torch.arange(n, device=device)
+    slots = b["req_to_token"][b["req_pool_indices"][:, None], positions].long().reshape(-1)
+
+    def store(k, v):
+        b["k_cache"][slots], b["v_cache"][slots] = k, v
+
+    if every_row:
+        rows = b["req_pool_indices"].repeat_interleave(n)
+        return lambda: drafter.extend_step(ids.reshape(-1), hidden.reshape(bs * n, -1), positions.reshape(-1), rows, 1)
+    return lambda: drafter.draft_extend(ids, hidden, b["seq_lens"], accept, b["req_pool_indices"], store, 1)
+
+
+def bench_extend(w, n, bs, bandwidth) -> dict:
+    kv_bytes = bs * PREFIX * w.num_kv_heads * w.head_dim * 2 * 2  # each request's prefix K and V, bf16
+    floor = (weight_bytes(w) + kv_bytes) / bandwidth * 1e6
+    ours, every_row = graph_us(extend_once(w, n, bs)), graph_us(extend_once(w, n, bs, every_row=True))
+    return dict(op="lean draft extend", impl="triton (ours)", draft_tokens=n, batch=bs, graph_us=ours,
+                every_row_us=every_row, floor_us=floor, over_floor=ours / floor)
+
+
+def extend_markdown(rows, gpu, bandwidth) -> str:
+    lines = [f"# Lean draft extend on {gpu} (Llama-3.1-8B EAGLE-3 draft shapes, {PREFIX}-token prefixes)", "",
+             f"Copy bandwidth {bandwidth / 1e12:.2f} TB/s. Device time in a CUDA graph, us (median). Floor: the draft "
+             "weights and each request's prefix KV read once. Every row: the layer and LM head over all n rows "
+             "(SGLang's extend's GPU work, our kernels).", "",
+             "| n | batch | lean us | every row us | floor us | lean / floor | lean / every row |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['draft_tokens']} | {r['batch']} | {r['graph_us']:.0f} | {r['every_row_us']:.0f} | "
+                     f"{r['floor_us']:.0f} | {r['over_floor']:.2f} | {r['graph_us'] / r['every_row_us']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def kv_name(kv_dtype) -> str:
@@ -270,10 +323,22 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None, tp=1) -> str:
 
 
 def main():
-    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats",), {"--tp": 1})
-    if args.kv_formats and args.tp > 1:
-        raise SystemExit("bench.drafter: --kv-formats runs the whole draft on one GPU; leave out --tp")
+    out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats", "--extend"), {"--tp": 1})
+    if (args.kv_formats or args.extend) and args.tp > 1:
+        raise SystemExit("bench.drafter: --kv-formats and --extend run on one GPU; leave out --tp")
     w, _ = random_draft(True, "cuda", **DIMS)
+    if args.extend:
+        rows = []
+        for n in EXTEND_TOKENS:
+            for bs in BATCHES:
+                rows.append(bench_extend(w, n, bs, bandwidth))
+                print(rows[-1], flush=True)
+        stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter-extend"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, extend=rows), indent=1))
+        (out_dir / f"{stamp}.md").write_text(extend_markdown(rows, gpu, bandwidth))
+        print(extend_markdown(rows, gpu, bandwidth))
+        return
     if args.kv_formats:
         rows = bench_kv_formats(w, bandwidth)
         stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter-kv"

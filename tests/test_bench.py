@@ -163,3 +163,19 @@ def test_the_policy_simulation_models_a_slow_start_and_noisy_cycles_and_compares
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + 2 * len(policy_sim.TRAFFIC)
     assert [row.split(" | ")[1] for row in rows[1:3]] == ["own prices", "cap by deeper"]
+
+
+def test_drafter_extend_rows_run_and_tabulate(device, monkeypatch):
+    """bench.drafter --extend: the lean extend and the every-row stand-in run on a small draft (their shapes and
+    outputs), and the table compares each with the floor and the every-row time."""
+    from sgl_eagle_triton.devtools.testing import random_draft
+
+    monkeypatch.setattr(drafter, "PREFIX", 12)
+    w, _ = random_draft(True, device)
+    p, index, hidden = drafter.extend_once(w, 4, 3, device=device)()
+    assert p.shape == index.shape == (3, 1) and hidden.shape == (3, w.hidden_size)
+    p, index, hidden = drafter.extend_once(w, 4, 3, every_row=True, device=device)()
+    assert p.shape == (12, 1) and hidden.shape == (12, w.hidden_size)
+    rows = [dict(draft_tokens=4, batch=1, graph_us=30.0, every_row_us=60.0, floor_us=20.0, over_floor=1.5)]
+    table = drafter.extend_markdown(rows, "GPU X", 3e12)
+    assert "| 4 | 1 | 30 | 60 | 20 | 1.50 | 0.50 |" in table
