@@ -322,6 +322,15 @@ def markdown(draft_rows, op_rows, gpu, bandwidth, chain=None, tp=1) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out_dir, gpu: str, suffix: str, payload: dict, table: str) -> None:
+    """``<date>-<gpu>-drafter<suffix>.json`` (``payload``) and ``.md`` (``table``, also printed) in ``out_dir``."""
+    stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter{suffix}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stamp}.json").write_text(json.dumps(payload, indent=1))
+    (out_dir / f"{stamp}.md").write_text(table)
+    print(table)
+
+
 def main():
     out_dir, gpu, bandwidth, args = gpu_run_setup(__doc__, ("--kv-formats", "--extend"), {"--tp": 1})
     if (args.kv_formats or args.extend) and args.tp > 1:
@@ -333,19 +342,13 @@ def main():
             for bs in BATCHES:
                 rows.append(bench_extend(w, n, bs, bandwidth))
                 print(rows[-1], flush=True)
-        stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter-extend"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, extend=rows), indent=1))
-        (out_dir / f"{stamp}.md").write_text(extend_markdown(rows, gpu, bandwidth))
-        print(extend_markdown(rows, gpu, bandwidth))
+        write_results(out_dir, gpu, "-extend", dict(gpu=gpu, bandwidth=bandwidth, extend=rows),
+                      extend_markdown(rows, gpu, bandwidth))
         return
     if args.kv_formats:
         rows = bench_kv_formats(w, bandwidth)
-        stamp = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-drafter-kv"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"{stamp}.json").write_text(json.dumps(dict(gpu=gpu, bandwidth=bandwidth, draft=rows), indent=1))
-        (out_dir / f"{stamp}.md").write_text(kv_markdown(rows, gpu, bandwidth))
-        print(kv_markdown(rows, gpu, bandwidth))
+        write_results(out_dir, gpu, "-kv", dict(gpu=gpu, bandwidth=bandwidth, draft=rows),
+                      kv_markdown(rows, gpu, bandwidth))
         return
     tp = args.tp
     rank = rank_weights(w, tp)  # rank 0's shards, made once
