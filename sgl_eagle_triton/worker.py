@@ -205,6 +205,16 @@ _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
 _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
 
 
+def draft_watchers(draft_worker) -> str | None:
+    """What in SGLang's draft phase and extend does more than our lean ones replace, None if nothing: the draft seeds
+    DSA's top-k from the draft extend, or a KV canary checks the draft's forwards."""
+    if getattr(draft_worker, "seed_dsa_topk_from_draft_extend", False):
+        return "the draft seeds DSA's top-k from the draft extend"
+    if getattr(draft_worker.draft_runner, "canary_manager", None) is not None:
+        return "a KV canary checks the draft's forwards"
+    return None
+
+
 def _free_gpu_bytes() -> int:
     """Free memory of the current CUDA device in bytes (0 without one): what a capture took, for its log line."""
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
@@ -534,7 +544,6 @@ class TritonEagleDraftWorker(EagleDraftWorker):
         self._lean_graphs = {shape: captured_row_graphs(functools.partial(self.lean_tree, self.drafter_for(shape)),
                                                         sizes, pads, example, pool, **graph_options)
                              for shape, sizes in shapes.items()}
-
 
     # -- the lean draft extend (config.LEAN_EXTEND_ENV) -----------------------------------------------------------
 
@@ -942,10 +951,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
             why, expected = unserved[0], True
         elif problems := glue.lean_draft_problems():
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
-        elif getattr(dw, "seed_dsa_topk_from_draft_extend", False):
-            why = "the draft seeds DSA's top-k from the draft extend"
-        elif getattr(dw.draft_runner, "canary_manager", None) is not None:
-            why = "a KV canary checks the draft's forwards"
+        else:
+            why = draft_watchers(dw)
         if why is not None:
             self._decline_lean_draft(mode, why, expected)
             return
@@ -982,12 +989,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if config.lean_extend_mode() != "on":
             return
         dw = self.draft_worker
-        why = None
-        if getattr(dw, "seed_dsa_topk_from_draft_extend", False):
-            why = "the draft seeds DSA's top-k from the draft extend"
-        elif getattr(dw.draft_runner, "canary_manager", None) is not None:
-            why = "a KV canary checks the draft's forwards"
-        if why is not None:
+        if (why := draft_watchers(dw)) is not None:
             raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_EXTEND_ENV}=1, but {why}. "
                                f"Unset {config.LEAN_EXTEND_ENV}.")
         controller = self.adaptive_controller
@@ -995,7 +997,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                   if controller is None else
                   {state.speculative_num_draft_tokens: getattr(state, "target_graph_runner", None)
                    for state in controller._states.values()})
-        sizes = {n: graph_sizes(runner) for n, runner in states.items() if graph_sizes(runner)}
+        sizes = {n: found for n, runner in states.items() if (found := graph_sizes(runner))}
         tic, free = time.perf_counter(), _free_gpu_bytes()
         if not sizes or settings(self.server_args).disable_cuda_graph:
             sizes = {}
