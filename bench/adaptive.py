@@ -134,9 +134,12 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # inside it (verify_epilogue.py, the default), beside eagle_triton(_cost)
     "eagle_triton_verify_after": ("EAGLE_TRITON", None),
     "eagle_triton_cost_verify_after": ("EAGLE_TRITON", "cost"),
-    # the lean draft extend (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_EXTEND=1, opt-in), beside eagle_triton(_cost)
+    # the lean draft extend required (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_EXTEND=1; the default wherever it can run),
+    # and SGLang's draft extend instead (=0), beside eagle_triton(_cost)
     "eagle_triton_lean_extend": ("EAGLE_TRITON", None),
     "eagle_triton_cost_lean_extend": ("EAGLE_TRITON", "cost"),
+    "eagle_triton_sglang_extend": ("EAGLE_TRITON", None),
+    "eagle_triton_cost_sglang_extend": ("EAGLE_TRITON", "cost"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
               "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
@@ -152,11 +155,13 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_verify_after": {"SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH": "0"},
               "eagle_triton_cost_verify_after": {"SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH": "0"},
               "eagle_triton_lean_extend": {"SGLANG_EAGLE_TRITON_LEAN_EXTEND": "1"},
-              "eagle_triton_cost_lean_extend": {"SGLANG_EAGLE_TRITON_LEAN_EXTEND": "1"}}
+              "eagle_triton_cost_lean_extend": {"SGLANG_EAGLE_TRITON_LEAN_EXTEND": "1"},
+              "eagle_triton_sglang_extend": {"SGLANG_EAGLE_TRITON_LEAN_EXTEND": "0"},
+              "eagle_triton_cost_sglang_extend": {"SGLANG_EAGLE_TRITON_LEAN_EXTEND": "0"}}
 BEFORE_SYSTEMS = [system for system in SYSTEMS if system.endswith("_before")]  # served from --before-tree
-# asked for by name only: the draft phase pinned either way, the greedy verify after the graph, the lean draft extend
+# asked for by name only: the draft phase and the draft extend pinned either way, the greedy verify after the graph
 LEAN_SYSTEMS = [system for system in SYSTEMS
-                if system.endswith(("_lean", "_sglang_draft", "_verify_after", "_lean_extend"))]
+                if system.endswith(("_lean", "_sglang_draft", "_verify_after", "_lean_extend", "_sglang_extend"))]
 
 
 def before_tree_env(tree: Path | None, pythonpath: str) -> dict:

@@ -89,9 +89,10 @@ VERIFY_IN_GRAPH_MODES = {None: "auto", "1": "on", "0": "off"}  # the value (None
 # The lean draft extend (TritonEagleDraftWorker.lean_extend): after a chain's verify, the draft KV of every verified
 # row and the draft layer and LM head of each request's last accepted row alone, replayed from a CUDA graph of ours per
 # batch size, instead of SGLang's draft extend (prepare_for_draft_extend, its graph runner over every row, the row
-# select and argmax after it). Opt-in: "1" requires it (refused at start where it cannot run); unset or "0": SGLang's
+# select and argmax after it). Unset: wherever it can run (else SGLang's, the reason logged and reported); "1":
+# required (refused at start where it cannot run); "0": SGLang's draft extend
 LEAN_EXTEND_ENV = "SGLANG_EAGLE_TRITON_LEAN_EXTEND"
-LEAN_EXTEND_MODES = {None: "off", "1": "on", "0": "off"}  # the value (None: unset) -> lean_extend_mode()
+LEAN_EXTEND_MODES = {None: "auto", "1": "on", "0": "off"}  # the value (None: unset) -> lean_extend_mode()
 # SGLang's: steps 0 without the draft extend (stubs only); refused, since it would skip our steps-0 KV fill too
 SKIP_ZERO_STEP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 EAGLE3, EAGLE = "eagle3", "eagle"
@@ -521,8 +522,8 @@ def _validate(sa) -> None:
     if lean_draft() and (why := lean_draft_unserved(sa)) is not None:
         _refuse(f"{LEAN_DRAFT_ENV}=1 with {why[0]}", f"{why[1]}, or unset {LEAN_DRAFT_ENV}.")
     if os.environ.get(LEAN_EXTEND_ENV, "0") not in ("0", "1"):
-        _refuse(f"{LEAN_EXTEND_ENV}={os.environ[LEAN_EXTEND_ENV]!r}", "Give 1 (the lean draft extend) or 0 (SGLang's "
-                "draft extend), or unset it (SGLang's).")
+        _refuse(f"{LEAN_EXTEND_ENV}={os.environ[LEAN_EXTEND_ENV]!r}", "Give 1 (the lean draft extend, required) or 0 "
+                "(SGLang's draft extend), or unset it (the lean draft extend wherever it can run).")
     if lean_extend_mode() == "on" and (why := lean_extend_unserved(sa)) is not None:
         _refuse(f"{LEAN_EXTEND_ENV}=1 with {why[0]}", f"{why[1]}, or unset {LEAN_EXTEND_ENV}.")
     if os.environ.get(VERIFY_IN_GRAPH_ENV, "0") not in ("0", "1"):
@@ -607,8 +608,8 @@ def lean_draft_unserved(sa) -> tuple[str, str] | None:
 
 
 def lean_extend_mode() -> str:
-    """:data:`LEAN_EXTEND_ENV` as ``"on"`` (``1``: the lean draft extend, required) or ``"off"`` (unset, ``0``, and
-    values the start-up refused)."""
+    """:data:`LEAN_EXTEND_ENV` as ``"auto"`` (unset: the lean draft extend wherever it can run), ``"on"`` (``1``:
+    required) or ``"off"`` (``0``, and values the start-up refused)."""
     return LEAN_EXTEND_MODES.get(os.environ.get(LEAN_EXTEND_ENV), "off")
 
 
@@ -628,6 +629,19 @@ def lean_extend_unserved(sa) -> tuple[str, str] | None:
     if getattr(sa, "disable_overlap_schedule", False):
         return ("--disable-overlap-schedule (its outputs are graph buffers the overlap scheduler's relay copies in "
                 "the same step)", "Remove --disable-overlap-schedule")
+    return None
+
+
+def lean_extend_untested(sa) -> str | None:
+    """Why the default (unset :data:`LEAN_EXTEND_ENV`) keeps SGLang's draft extend for the server args ``sa`` although
+    ``1`` would serve them: deployments no end-to-end run of the lean extend has served yet; None elsewhere."""
+    sa = glue_args.settings(sa)
+    if (sa.page_size or 1) > 1:
+        return (f"--page-size {sa.page_size} (untested end to end with the lean draft extend; {LEAN_EXTEND_ENV}=1 "
+                "runs it)")
+    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
+        return (f"--kv-cache-dtype {sa.kv_cache_dtype} (untested end to end with the lean draft extend; "
+                f"{LEAN_EXTEND_ENV}=1 runs it)")
     return None
 
 

@@ -626,6 +626,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
     lean_draft_on = False  # the draft phase is the lean one (start_lean_draft)
     lean_draft_declined: str | None = None  # why the draft phase keeps SGLang's preparation (start_lean_draft)
     lean_extend_on = False  # the draft extend is the lean one (start_lean_extend)
+    lean_extend_declined: str | None = None  # why the draft extend stays SGLang's (start_lean_extend)
     verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
     verify_in_graph_declined: str | None = None  # why greedy verifies run outside the target's graphs
     _ab_steps = _ab_count = 0  # an A/B inside this server (config.AB_STEPS_ENV): steps per arm, decode steps so far
@@ -981,17 +982,28 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
                     time.perf_counter() - tic)
 
     def start_lean_extend(self) -> None:
-        """Under ``config.LEAN_EXTEND_ENV=1`` (the server args checked at start: :func:`config.lean_extend_unserved`),
-        every decode step's draft extend after a chain's verify as :meth:`TritonEagleDraftWorker.lean_extend`, its
-        rows captured at the batch sizes of each state's verify graphs (none with CUDA graphs off: eager). Refused
-        (RuntimeError naming what to change) where SGLang's draft extend does more than it replaces: it seeds DSA's
-        top-k, or a KV canary checks the draft's forwards."""
-        if config.lean_extend_mode() != "on":
+        """Every decode step's draft extend after a chain's verify as :meth:`TritonEagleDraftWorker.lean_extend`, its
+        rows captured at the batch sizes of each state's verify graphs (none with CUDA graphs off: eager), unless
+        ``config.LEAN_EXTEND_ENV=0``. Not where the server args rule it out (:func:`config.lean_extend_unserved`; by
+        default also where no end-to-end run has served it: :func:`config.lean_extend_untested`),
+        SGLang's draft extend does more than it replaces (it seeds DSA's top-k; a KV canary checks the draft's
+        forwards) or the capture runs out of GPU memory: there SGLang's draft extend runs, the reason logged and kept
+        in :attr:`lean_extend_declined` (the kernel report); under ``config.LEAN_EXTEND_ENV=1`` the server is refused
+        instead (RuntimeError naming what to change)."""
+        mode = config.lean_extend_mode()
+        if mode == "off":
             return
         dw = self.draft_worker
+        unserved = config.lean_extend_unserved(self.server_args)
+        if unserved is not None or (mode == "auto" and config.lean_extend_untested(self.server_args)):
+            self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "
+                          "the lean one", unserved[0] if unserved else config.lean_extend_untested(self.server_args),
+                          expected=True)
+            return
         if (why := draft_watchers(dw)) is not None:
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_EXTEND_ENV}=1, but {why}. "
-                               f"Unset {config.LEAN_EXTEND_ENV}.")
+            self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "
+                          "the lean one", why)
+            return
         controller = self.adaptive_controller
         states = ({self.speculative_num_draft_tokens: glue.target_graph_runner(self.target_worker.model_runner)}
                   if controller is None else
@@ -1002,25 +1014,34 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if not sizes or settings(self.server_args).disable_cuda_graph:
             sizes = {}
         else:
-            dw.capture_lean_extend(sizes)
+            try:
+                dw.capture_lean_extend(sizes)
+            except torch.cuda.OutOfMemoryError as error:  # by default SGLang's draft extend, its graphs captured
+                dw._extend_graphs = None
+                self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs "
+                              "SGLang's, not the lean one", f"capturing its graphs ran out of GPU memory ({error})")
+                return
         dw.compile_lean_extend(sorted(set(states) - set(sizes)))  # the counts run eagerly: compiled first
         dw.publish_read_done = self._publish_read_done
         dw.lean_extend_on = self.lean_extend_on = True
-        logger.info("%s: the draft extend keeps each request's last accepted row alone (%s=1): graphs of %s draft "
-                    "tokens captured in %.1f s, %.0f MiB of GPU memory", ALGORITHM_NAME, config.LEAN_EXTEND_ENV,
-                    sorted(sizes), time.perf_counter() - tic,
-                    (free - _free_gpu_bytes()) / 2**20)
+        logger.info("%s: the draft extend keeps each request's last accepted row alone (%s): graphs of %s draft "
+                    "tokens captured in %.1f s, %.0f MiB of GPU memory", ALGORITHM_NAME,
+                    f"{config.LEAN_EXTEND_ENV}=1" if mode == "on" else "the default", sorted(sizes),
+                    time.perf_counter() - tic, (free - _free_gpu_bytes()) / 2**20)
 
     def _decline_lean_draft(self, mode: str, why: str, expected: bool = False) -> None:
-        """SGLang's draft phase instead of the lean one, for ``why``: logged (a warning unless ``expected``, a server
-        argument that rules it out) and kept for the kernel report; under ``config.LEAN_DRAFT_ENV=1`` (``mode``
-        ``"on"``) a RuntimeError naming what to change instead."""
+        """SGLang's draft phase instead of the lean one, for ``why`` (:meth:`_decline`)."""
+        self._decline(config.LEAN_DRAFT_ENV, mode, "lean_draft_declined", "the draft phase runs SGLang's "
+                      "prepare_for_draft and draft graphs, not the lean draft phase", why, expected)
+
+    def _decline(self, env: str, mode: str, attribute: str, what: str, why: str, expected: bool = False) -> None:
+        """SGLang's path instead of ours (``what`` happens), for ``why``: logged (a warning unless ``expected``, a
+        server argument that rules ours out) and kept in ``attribute`` for the kernel report; under ``env=1``
+        (``mode`` ``"on"``) a RuntimeError naming what to change instead."""
         if mode == "on":
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.LEAN_DRAFT_ENV}=1, but {why}. "
-                               f"Unset {config.LEAN_DRAFT_ENV}.")
-        self.lean_draft_declined = why
-        logger.log(logging.INFO if expected else logging.WARNING, "%s: the draft phase runs SGLang's "
-                   "prepare_for_draft and draft graphs, not the lean draft phase: %s", ALGORITHM_NAME, why)
+            raise RuntimeError(f"{ALGORITHM_NAME}: {env}=1, but {why}. Unset {env}.")
+        setattr(self, attribute, why)
+        logger.log(logging.INFO if expected else logging.WARNING, "%s: %s: %s", ALGORITHM_NAME, what, why)
 
     def compile_eager_kernels(self) -> None:
         """Before serving, Triton compiles what each decode step runs outside CUDA graphs for every tree shape the
@@ -1196,6 +1217,8 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         if self.lean_extend_on:
             kernels["draft extend"] = ("lean: the draft KV of every verified row, the layer and LM head of each "
                                        "request's last accepted row alone")
+        elif self.lean_extend_declined is not None:
+            kernels["draft extend"] = f"SGLang's (lean declined: {self.lean_extend_declined})"
         report = {"version": __version__, "sglang_version": sglang.__version__, "kernels": kernels,
                   "ran": dict(RAN), "errors": list(_errors)}
         if self.adaptive_controller is not None:

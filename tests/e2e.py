@@ -80,10 +80,11 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
 
 
 def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True) -> str | None:
-    """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: under
-    ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1`` exported for the run, some decode steps' extends were the lean one and the
-    report names it (one GPU, a chain: elsewhere the server refuses to start); without it, none."""
-    expected = config.lean_extend_mode() == "on" and one_gpu and chain
+    """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: by
+    default (and under ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1``) some decode steps' extends were the lean one and the
+    report names it on one GPU with a chain (elsewhere the default declines it, =1 refuses to start); none under
+    ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=0`` exported for the run."""
+    expected = config.lean_extend_mode() != "off" and one_gpu and chain
     ran = report["ran"].get(LEAN_EXTEND, 0)
     if expected and not (ran and report["kernels"].get("draft extend", "").startswith("lean")):
         return f"{ran} lean draft extends, the kernel report's draft extend {report['kernels'].get('draft extend')!r}"

@@ -527,13 +527,14 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "compile_eager_kernels", lambda self: compiled.append(self))
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "capture_draft_kv", lambda self: compiled.append("fill graphs"))
     monkeypatch.setattr(worker.EagleTritonWorkerV2, "start_lean_draft", lambda self: compiled.append("lean draft"))
+    monkeypatch.setattr(worker.EagleTritonWorkerV2, "start_lean_extend", lambda self: compiled.append("lean extend"))
     w._draft_worker = SimpleNamespace(_fill_graphs="f0")  # steps 0's KV fill graphs (capture_draft_kv)
     seen = []
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append((runners, n)) or
                         {bs: float(n * bs) for bs in sizes})
     w.init_cuda_graphs()
     # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify and fill graphs are priced
-    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs", "lean draft"]
+    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs", "lean draft", "lean extend"]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
     # without --cuda-graph-bs-decode SGLang hands the controller no sizes: those of each state's verify graphs
     w.cost_policy = CostAwarePolicy([0, 3], 3)
@@ -556,8 +557,7 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
     monkeypatch.setattr(worker, "replay_ms", lambda runners, sizes, n: seen.append(runners) or {1: 1.0})
     w.init_cuda_graphs()
     assert seen == [(states[0].target_graph_runner, "f0"), ("L3", states[3].target_graph_runner, "e3")]
-    # under the lean draft extend (SGLANG_EAGLE_TRITON_LEAN_EXTEND=1) a drafting state's extend graphs are ours
-    monkeypatch.setattr(worker.EagleTritonWorkerV2, "start_lean_extend", lambda self: None)
+    # under the lean draft extend (the default where it can run) a drafting state's extend graphs are ours
     w._draft_worker._extend_graphs, w.lean_extend_on = {4: "X4"}, True  # as start_lean_extend leaves them
     seen.clear()
     w.init_cuda_graphs()

@@ -103,6 +103,7 @@ def test_the_lean_extend_hands_the_next_draft_what_the_fused_extend_makes(device
     graphed = _extend_worker(eagle3, device, n)
     eager = _extend_worker(eagle3, device, n)
     dw, pool, state, target_hidden, fc = graphed
+    w_dtype = state["k_cache"].dtype
     if device == "cuda":
         dw.capture_lean_extend({n: [1, 2, 4]}, capturing=lambda g: torch.cuda.graph(g))
     else:
@@ -120,11 +121,17 @@ def test_the_lean_extend_hands_the_next_draft_what_the_fused_extend_makes(device
             batch, result = _step(s, th, rows, n, seed)
             before = len(p.writes)
             assert d._draft_extend_for_decode(batch, result) is None and not d.draft_stale
-            (layer, loc, k_scale, v_scale), = p.writes[before:before + 1]
-            rows_written = batch.out_cache_loc.shape[0]  # a padded graph's extra rows write the padding slot 0
-            assert torch.equal(loc[:rows_written], batch.out_cache_loc) and not loc[rows_written:].any()
-            assert layer is d._draft_attention and k_scale is v_scale is None
+            replayed = d is dw and device == "cuda" and len(rows) <= 4  # a CUDA graph writes without calling the pool
+            assert len(p.writes) == before + (not replayed)
+            for layer, loc, k_scale, v_scale in p.writes[before:]:
+                rows_written = batch.out_cache_loc.shape[0]  # a padded graph's extra rows write the padding slot 0
+                assert torch.equal(loc[:rows_written], batch.out_cache_loc) and not loc[rows_written:].any()
+                assert layer is d._draft_attention and k_scale is v_scale is None
             outs.append(result.next_draft_input)
+        # what the graphs stored: the eager extend's K / V at the same slots (the padding slot 0 aside)
+        for cache in ("k_cache", "v_cache"):
+            got, stored = getattr(graphed[1], cache)[1:].float(), getattr(eager[1], cache)[1:].float()
+            assert (got - stored).abs().max() <= HIDDEN_RTOL[w_dtype] * stored.abs().max(), (rows, cache)
         # the fused extend itself, on a fresh copy of the pool as it was before this step
         d, p, s, th, f = eager
         batch, result = _step(s, th, rows, n, seed)
@@ -182,17 +189,21 @@ def _main_worker(dw, states=None):
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._draft_worker, w.speculative_num_draft_tokens = dw, 4
     w.adaptive_controller = None if states is None else SimpleNamespace(_states=states)
-    w.server_args = SimpleNamespace(disable_cuda_graph=False, tp_size=1, speculative_eagle_topk=1)
+    w.server_args = SimpleNamespace(disable_cuda_graph=False, tp_size=1, speculative_eagle_topk=1, page_size=1,
+                                    kv_cache_dtype="auto")
+    w.cost_policy = None
     w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(
         decode_cuda_graph_runner=SimpleNamespace(capture_bs=[2, 1, 16])))
     return w
 
 
-def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(monkeypatch, caplog):
-    """start_lean_extend: nothing unless SGLANG_EAGLE_TRITON_LEAN_EXTEND=1; then each draft-token count captured at
+def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(monkeypatch, caplog):
+    """start_lean_extend: unset (the default) or SGLANG_EAGLE_TRITON_LEAN_EXTEND=1, each draft-token count captured at
     its state's verify graphs' sizes (static: the target's decode graphs), none with CUDA graphs off (eager), the
-    scheduler's WAR event handed to the draft worker, the counts without graphs compiled eagerly first; refused
-    where SGLang's extend seeds DSA's top-k or a KV canary watches the draft."""
+    scheduler's WAR event handed to the draft worker, the counts without graphs compiled eagerly first; nothing under
+    0. Where the server args rule it out, SGLang's extend reads the DSA top-k seeding or a KV canary watches the draft
+    (and, by default only, a paged or FP8 pool no e2e run served): declined, the reason logged and reported by
+    default; refused under 1."""
     caplog.set_level(logging.INFO)
     captured = []
     compiled = []
@@ -201,15 +212,20 @@ def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(
                          publish_read_done=None, draft_runner=SimpleNamespace(canary_manager=None),
                          seed_dsa_topk_from_draft_extend=False)
     w = _main_worker(dw)
-    monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
-    w.start_lean_extend()
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
     w.start_lean_extend()
     assert captured == [] and not dw.lean_extend_on and not w.lean_extend_on
-    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
-    w.start_lean_extend()
-    assert captured == [{4: [1, 2, 16]}] and dw.lean_extend_on and w.lean_extend_on and compiled == [[]]
-    assert dw.publish_read_done == w._publish_read_done and "last accepted row alone" in caplog.text
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
+        else:
+            monkeypatch.setenv(config.LEAN_EXTEND_ENV, value)
+        captured.clear()
+        w = _main_worker(dw)
+        w.start_lean_extend()
+        assert captured == [{4: [1, 2, 16]}] and dw.lean_extend_on and w.lean_extend_on and compiled[-1] == []
+        assert dw.publish_read_done == w._publish_read_done and "last accepted row alone" in caplog.text
+        assert w.lean_extend_declined is None
     graphs = SimpleNamespace(capture_bs=[2, 1])
     w = _main_worker(dw, {0: SimpleNamespace(speculative_num_draft_tokens=1, target_graph_runner=graphs),
                           3: SimpleNamespace(speculative_num_draft_tokens=4, target_graph_runner=graphs),
@@ -220,12 +236,36 @@ def test_the_lean_extend_starts_only_under_1_at_every_states_verify_graph_sizes(
     w.server_args.disable_cuda_graph = True
     w.start_lean_extend()
     assert len(captured) == 2 and w.lean_extend_on and compiled[-1] == [1, 4, 8]  # eager: compiled before serving
-    for owner, attr, why in ((dw, "seed_dsa_topk_from_draft_extend", "seeds DSA"),
-                             (dw.draft_runner, "canary_manager", "a KV canary")):
-        with monkeypatch.context() as patch:
-            patch.setattr(owner, attr, True)
-            with pytest.raises(RuntimeError, match=f"LEAN_EXTEND=1, but .*{why}.*Unset SGLANG_EAGLE_TRITON_LEAN"):
-                w.start_lean_extend()
+    cases = [(dw, "seed_dsa_topk_from_draft_extend", True, "seeds DSA", "WARNING"),
+             (dw.draft_runner, "canary_manager", True, "a KV canary", "WARNING"),
+             (w.server_args, "tp_size", 2, "--tp 2", "INFO"),
+             (w.server_args, "speculative_eagle_topk", 4, "--speculative-eagle-topk 4", "INFO")]
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
+        else:
+            monkeypatch.setenv(config.LEAN_EXTEND_ENV, value)
+        for owner, attr, setting, why, level in cases + [(w.server_args, "page_size", 16, "--page-size 16", "INFO"),
+                                                         (w.server_args, "kv_cache_dtype", "fp8_e4m3", "fp8", "INFO")]:
+            untested = attr in ("page_size", "kv_cache_dtype")
+            dw.lean_extend_on = False
+            w = _main_worker(dw)
+            owner = w.server_args if owner is not dw and owner is not dw.draft_runner else owner
+            caplog.clear()
+            with monkeypatch.context() as patch:
+                patch.setattr(owner, attr, setting)
+                if value == "1" and untested:  # =1 serves what the default leaves untested
+                    w.start_lean_extend()
+                    assert w.lean_extend_on and w.lean_extend_declined is None
+                elif value == "1":
+                    with pytest.raises(RuntimeError, match=f"LEAN_EXTEND=1, but .*{why}.*Unset SGLANG_EAGLE_TRITON_L"):
+                        w.start_lean_extend()
+                else:
+                    w.start_lean_extend()
+                    assert not w.lean_extend_on and not dw.lean_extend_on and why in w.lean_extend_declined
+                    record, = [r for r in caplog.records if "the draft extend runs SGLang's" in r.getMessage()]
+                    assert record.levelname == level and why in record.getMessage()
+                    assert why in w.kernel_report()["kernels"]["draft extend"]
 
 
 def test_an_ab_of_the_lean_extend_alternates_it(monkeypatch):
@@ -249,7 +289,6 @@ def test_an_ab_of_the_lean_extend_alternates_it(monkeypatch):
 
 def test_the_kernel_report_names_the_lean_extend(monkeypatch):
     w = _main_worker(SimpleNamespace())
-    w.cost_policy = None
     w.lean_extend_on = True
     assert w.kernel_report()["kernels"]["draft extend"].startswith("lean: the draft KV of every verified row")
     w.lean_extend_on = False

@@ -649,11 +649,16 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
                 _args(*argv)
 
 
-def test_the_lean_extend_is_opt_in_and_refused_where_it_cannot_run(monkeypatch):
-    """SGLANG_EAGLE_TRITON_LEAN_EXTEND: 0 or 1 (unset: SGLang's draft extend); 1 only on the SGLang it was read from
-    and GPU-run on, with a chain (topk 1), one GPU and the overlap scheduler; its A/B only under 1. Each refusal
-    names what to change."""
+def test_the_lean_extend_is_the_default_and_refused_under_1_where_it_cannot_run(monkeypatch):
+    """SGLANG_EAGLE_TRITON_LEAN_EXTEND: 0 or 1, unset the default (wherever it can run: the worker declines it
+    elsewhere, so no server args are refused for it); 1 only on the SGLang it was read from and GPU-run on, with a
+    chain (topk 1), one GPU and the overlap scheduler; its A/B only under 1. Each refusal names what to change."""
     chain = ("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    tree = ("--speculative-eagle-topk", "4", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8")
+    monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
+    assert config.lean_extend_mode() == "auto"
+    for argv in (chain, tree, (*chain, "--disable-overlap-schedule")):
+        _args(*argv)
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "yes")
     with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_LEAN_EXTEND='yes'.*Give 1"):
         _args(*chain)
@@ -672,7 +677,6 @@ def test_the_lean_extend_is_opt_in_and_refused_where_it_cannot_run(monkeypatch):
             _args(*chain)
         return
     _args(*chain)
-    tree = ("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
     for argv, refused in ((tree, "LEAN_EXTEND=1 with --speculative-eagle-topk 4.*Use --speculative-eagle-topk 1"),
                           ((*chain, "--disable-overlap-schedule"),
                            "LEAN_EXTEND=1 with --disable-overlap-schedule.*Remove --disable-overlap-schedule")):
