@@ -824,16 +824,13 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
 
     def _decline_verify_in_graph(self, why: str, expected: bool = False) -> None:
         """Greedy verifies outside the target's graphs (SGLang's ``eagle_sample`` on our kernel), for ``why``: logged
-        (a warning unless ``expected``) and reported; under ``config.VERIFY_IN_GRAPH_ENV=1`` a RuntimeError."""
-        if config.verify_in_graph_mode() == "on":
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.VERIFY_IN_GRAPH_ENV}=1, but {why}. "
-                               f"Unset {config.VERIFY_IN_GRAPH_ENV}.")
-        self.verify_in_graph_declined = why
+        (a warning unless ``expected``) and reported; under ``config.VERIFY_IN_GRAPH_ENV=1`` a RuntimeError
+        (:meth:`_decline`)."""
+        self._decline(config.VERIFY_IN_GRAPH_ENV, config.verify_in_graph_mode(), "verify_in_graph_declined",
+                      "greedy verifies run outside the target's graphs", why, expected)
         if self.verify_epilogue is not None:
             self.verify_epilogue.chain = None
             self.verify_epilogue.enabled.clear()
-        logger.log(logging.INFO if expected else logging.WARNING, "%s: greedy verifies run outside the target's "
-                   "graphs: %s", ALGORITHM_NAME, why)
 
     def init_cuda_graphs(self):
         """SGLang's (one runtime state per adaptive candidate), then the kernels each decode step runs outside CUDA
@@ -903,13 +900,9 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         elif problems := glue.plain_off_problems():  # checked last: the only reason that reads SGLang (the rest
             # of the glue held at __init__)
             why = f"its SGLang {sglang.__version__} touchpoints moved: {'; '.join(problems)}"
-        if why is not None and mode == "on":
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.PLAIN_OFF_ENV}=1, but {why}. Change that, or unset "
-                               f"{config.PLAIN_OFF_ENV}.")
         if why is not None:
-            self.plain_off_declined = why
-            logger.warning("%s: adaptive steps 0 runs SGLang's one-node verify, not a plain decode step: %s",
-                           ALGORITHM_NAME, why)
+            self._decline(config.PLAIN_OFF_ENV, mode, "plain_off_declined", "adaptive steps 0 runs SGLang's one-node "
+                          "verify, not a plain decode step", why)
             return
         self.plain_off = PlainOff(self.device, self._usable_graph_epilogue(state))
         logger.info("%s: adaptive steps 0 runs as a plain decode step (%s)%s", ALGORITHM_NAME,
@@ -1039,7 +1032,7 @@ class EagleTritonWorkerV2(EAGLEWorkerV2):
         server argument that rules ours out) and kept in ``attribute`` for the kernel report; under ``env=1``
         (``mode`` ``"on"``) a RuntimeError naming what to change instead."""
         if mode == "on":
-            raise RuntimeError(f"{ALGORITHM_NAME}: {env}=1, but {why}. Unset {env}.")
+            raise RuntimeError(f"{ALGORITHM_NAME}: {env}=1, but {why}. Change that, or unset {env}.")
         setattr(self, attribute, why)
         logger.log(logging.INFO if expected else logging.WARNING, "%s: %s: %s", ALGORITHM_NAME, what, why)
 

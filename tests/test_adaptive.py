@@ -534,7 +534,8 @@ def test_worker_prices_every_state_after_sglang_builds_them(monkeypatch):
                         {bs: float(n * bs) for bs in sizes})
     w.init_cuda_graphs()
     # steps 0 fills the draft KV instead of replaying its draft-extend graph: its verify and fill graphs are priced
-    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)] and compiled == [w, "fill graphs", "lean draft", "lean extend"]
+    assert seen == [(("t0", "f0"), 1), (("d3", "t3", "e3"), 4)]
+    assert compiled == [w, "fill graphs", "lean draft", "lean extend"]
     assert w.cost_policy.costs.replay == {(0, 1): 1.0, (0, 8): 8.0, (3, 1): 4.0, (3, 8): 32.0}
     # without --cuda-graph-bs-decode SGLang hands the controller no sizes: those of each state's verify graphs
     w.cost_policy = CostAwarePolicy([0, 3], 3)

@@ -258,7 +258,7 @@ def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(mo
                     w.start_lean_extend()
                     assert w.lean_extend_on and w.lean_extend_declined is None
                 elif value == "1":
-                    with pytest.raises(RuntimeError, match=f"LEAN_EXTEND=1, but .*{why}.*Unset SGLANG_EAGLE_TRITON_L"):
+                    with pytest.raises(RuntimeError, match=f"LEAN_EXTEND=1, but .*{why}.*unset SGLANG_EAGLE_TRITON_L"):
                         w.start_lean_extend()
                 else:
                     w.start_lean_extend()

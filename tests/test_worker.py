@@ -1036,7 +1036,7 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
             else:
                 patch.setattr(owner, attr, value)
             patch.setenv(config.LEAN_DRAFT_ENV, "1")
-            with pytest.raises(RuntimeError, match=f"LEAN_DRAFT=1, but .*{re.escape(why)}.*Unset SGLANG_EAGLE_TRITON"):
+            with pytest.raises(RuntimeError, match=f"LEAN_DRAFT=1, but .*{re.escape(why)}.*unset SGLANG_EAGLE_TRITON"):
                 w.start_lean_draft()
             patch.delenv(config.LEAN_DRAFT_ENV)
             dw.lean, w.lean_draft_on, w.lean_draft_declined, before = False, False, None, len(captured)
