@@ -29,8 +29,9 @@ class RowGraphs:
     :meth:`capture` records one graph per size of ``sizes`` on views of static inputs shaped as ``example``'s rows
     (dtypes and trailing shapes; zeros); ``__call__`` replays the smallest captured size that holds the batch after
     copying the batch's rows in (cast to the static dtypes) and writing ``pads[i]`` (None: left as they are) into
-    input i's rows beyond the batch. ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is the
-    context that records into it (default: ``torch.cuda.graph`` on ``pool``)."""
+    input i's rows beyond the batch where a larger batch wrote them since (``fn`` must not write its inputs).
+    ``graph`` makes a graph (``torch.cuda.CUDAGraph``), ``capturing(graph)`` is the context that records into it
+    (default: ``torch.cuda.graph`` on ``pool``)."""
 
     def __init__(self, fn: Callable, sizes: Sequence[int], pads: Sequence[int | float | None],
                  graph: Callable = torch.cuda.CUDAGraph, capturing: Callable | None = None, pool=None):
@@ -39,6 +40,9 @@ class RowGraphs:
         self._capturing = capturing or (lambda g: torch.cuda.graph(g, pool=self._pool))
         self.graphs: dict[int, tuple[object, list[torch.Tensor], tuple | None]] = {}  # size: graph, inputs, outputs
         self.replays = self.eager = self.mismatched = 0
+        self._rows: dict[int, list[torch.Tensor]] = {}  # batch rows: views of the static inputs' first rows
+        self._padded: dict[int, list[tuple[torch.Tensor, int | float]]] = {}  # batch rows, size: (rows past, pad)
+        self._dirty = 0  # static rows from here on hold their pads (inputs with one); below, a batch's rows may
 
     def capture(self, example: Sequence[torch.Tensor]) -> None:
         """One graph per size, largest first, on views of one set of static inputs (no autograd); ``fn`` runs once
@@ -82,10 +86,17 @@ class RowGraphs:
             self.eager += 1
             return self.fn(*inputs)
         graph, static, outputs = captured
-        for x, given, pad in zip(static, inputs, self.pads, strict=True):
-            x[:rows].copy_(given)
-            if pad is not None and rows < x.shape[0]:
-                x[rows:].fill_(pad)
+        size = static[0].shape[0]
+        if (views := self._rows.get(rows)) is None:
+            views = self._rows[rows] = [x[:rows] for x in static]
+        torch._foreach_copy_(views, inputs)  # one call (one launch per dtype where the inputs are dense and cast-free)
+        if self._dirty > rows:  # rows a larger batch wrote since: their pads again, up to this graph's size
+            if (padded := self._padded.get((rows, size))) is None:
+                padded = self._padded[rows, size] = [(x[rows:], pad) for x, pad in zip(static, self.pads, strict=True)
+                                                     if pad is not None and rows < size]
+            for x, pad in padded:
+                x.fill_(pad)
+        self._dirty = self._dirty if self._dirty > size else rows  # rows past this graph's size not written here
         graph.replay()
         self.replays += 1
         return None if outputs is None else tuple(x[:rows] for x in outputs)

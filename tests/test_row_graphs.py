@@ -121,6 +121,40 @@ def test_without_a_pad_for_the_slots_a_stale_row_writes_a_freed_slot_again(devic
     assert pool[13] != -5.0
 
 
+def test_pads_are_written_again_only_after_a_larger_batch_and_survive_smaller_graphs(device, monkeypatch):
+    """The pads beyond a batch are written where a larger batch wrote rows since (4 rows, 1 row in the 1-row graph,
+    then 3 rows in the 4-row graph: its fourth row writes the padding slot 0, not the 4-row batch's slot 13, freed
+    and reused by then), and not at all while the batch size holds (the steady state: no fills)."""
+    pool, _, graphs = graphs_for(device)
+    fills = []
+    real_fill = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda x, v: fills.append(v) or real_fill(x, v))
+    graphs(*rows(4, 10, device, seed=4))
+    graphs(*rows(1, 30, device, seed=1))
+    pool[13] = -5.0  # slot 13 freed and written by another request
+    graphs(*rows(3, 20, device, seed=3))
+    assert pool[13] == -5.0 and len(fills) == 3  # ids, positions and slots padded once, after the 4-row batch
+    fills.clear()
+    for seed in range(3):
+        inputs = rows(3, 40 + 4 * seed, device, seed=10 + seed)
+        want = expected(pool, inputs)
+        graphs(*inputs)
+        assert torch.equal(pool[1:], want[1:])
+    assert fills == [] and graphs.replays == 6
+
+
+def test_pads_forgotten_after_a_smaller_graph_write_a_freed_slot_again(device):
+    """The broken variant the test above catches: a watermark that forgets, after a batch in a smaller graph, the
+    rows a larger batch left, so that the 4-row graph's fourth row writes the old slot 13 again."""
+    pool, _, graphs = graphs_for(device)
+    graphs(*rows(4, 10, device, seed=4))
+    graphs(*rows(1, 30, device, seed=1))
+    graphs._dirty = 1  # forgets the 4-row batch's rows
+    pool[13] = -5.0  # slot 13 freed and written by another request
+    graphs(*rows(3, 20, device, seed=3))
+    assert pool[13] != -5.0
+
+
 @pytest.mark.gpu
 def test_real_cuda_graphs_fill_as_the_eager_call():
     """Real capture on CUDA (the suite's device runs above also capture): every batch size from 1 to 5 in turn,
