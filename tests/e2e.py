@@ -79,12 +79,15 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
     return None
 
 
-def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True) -> str | None:
+def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True,
+                        untested: bool = False) -> str | None:
     """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: by
     default (and under ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1``) some decode steps' extends were the lean one and the
-    report names it on one GPU with a chain (elsewhere the default declines it, =1 refuses to start); none under
+    report names it on one GPU with a chain (elsewhere the default declines it, =1 refuses to start), by default not
+    where the pool is one no e2e run served yet (``untested``: paged, FP8; =1 serves it); none under
     ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=0`` exported for the run."""
-    expected = config.lean_extend_mode() != "off" and one_gpu and chain
+    mode = config.lean_extend_mode()
+    expected = (mode == "on" or (mode == "auto" and not untested)) and one_gpu and chain
     ran = report["ran"].get(LEAN_EXTEND, 0)
     if expected and not (ran and report["kernels"].get("draft extend", "").startswith("lean")):
         return f"{ran} lean draft extends, the kernel report's draft extend {report['kernels'].get('draft extend')!r}"

@@ -293,3 +293,21 @@ def test_the_kernel_report_names_the_lean_extend(monkeypatch):
     assert w.kernel_report()["kernels"]["draft extend"].startswith("lean: the draft KV of every verified row")
     w.lean_extend_on = False
     assert "draft extend" not in w.kernel_report()["kernels"]
+
+
+def test_the_e2e_check_wants_the_lean_extend_where_it_runs_by_default(monkeypatch):
+    """tests.e2e.lean_extend_problem: by default a chain on one GPU must have run the lean extend (counted, named
+    by the report), nothing elsewhere (TP, trees, paged or FP8 pools); under 1 the untested pools too; under 0
+    nowhere. Can fail: a server that ran none, or ran it where it should not."""
+    from tests.e2e import lean_extend_problem
+    ran = {"ran": {worker.LEAN_EXTEND: 7}, "kernels": {"draft extend": "lean: ..."}}
+    none = {"ran": {}, "kernels": {"draft extend": "SGLang's (lean declined: --tp 2 ...)"}}
+    monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
+    assert lean_extend_problem(ran) is None and "0 lean draft extends" in lean_extend_problem(none)
+    for kw in ({"one_gpu": False}, {"chain": False}, {"untested": True}):
+        assert lean_extend_problem(none, **kw) is None
+        assert "where SGLang's draft extend should run" in lean_extend_problem(ran, **kw)
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
+    assert lean_extend_problem(ran, untested=True) is None and lean_extend_problem(none, untested=True)
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
+    assert lean_extend_problem(none) is None and lean_extend_problem(ran) is not None
