@@ -9,6 +9,7 @@ import pytest
 from sgl_eagle_triton import config, cycle_timing, plugin
 from sgl_eagle_triton.cycle_timing import CycleTiming, parse_summaries, timed_forward
 from sgl_eagle_triton.glue import hooks
+from sgl_eagle_triton.glue.call_sites import EAGLEWorkerV2
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -149,7 +150,7 @@ def test_the_wrapped_forward_times_decode_steps_and_breaks_the_chain_at_a_prefil
 def test_our_worker_is_timed_through_the_parent_it_calls(monkeypatch):
     """Stock and ours are timed by the same wrapper over the same span: our forward_batch_generation calls the
     parent's, which the plugin wraps (a second wrapper would time ours twice)."""
-    parent = EagleTritonWorkerV2.__mro__[1]
+    parent = EAGLEWorkerV2  # SGLang's
     calls = []
     monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: calls.append("parent") or "out")
     monkeypatch.setattr(cycle_timing, "_cuda_event", FakeGpu().event)

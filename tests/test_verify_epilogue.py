@@ -325,7 +325,7 @@ def test_the_epilogue_replayed_in_a_cuda_graph_matches_the_reference_walk():
 def test_an_ab_inside_one_server_alternates_the_verify_every_n_decode_steps(monkeypatch):
     """config.AB_STEPS_ENV: blocks of N decode steps verify in the graph, then after it, the cycle timing told each
     step's arm; a prefill or an idle batch is no step of either."""
-    parent = EagleTritonWorkerV2.__mro__[1]
+    parent = call_sites.EAGLEWorkerV2  # SGLang's
     monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: "out")
     w = _worker(monkeypatch)
     w.cost_policy, w._ab_steps = None, 2
@@ -359,7 +359,7 @@ def test_an_ab_needs_the_cycle_timing_and_the_verify_in_graph(monkeypatch):
 
 def test_an_ab_of_the_lean_draft_phase_alternates_it(monkeypatch):
     """config.AB_FEATURE_ENV=lean_draft: blocks of the lean draft phase and SGLang's; nothing where it did not start."""
-    parent = EagleTritonWorkerV2.__mro__[1]
+    parent = call_sites.EAGLEWorkerV2  # SGLang's
     monkeypatch.setattr(parent, "forward_batch_generation", lambda self, batch: "out")
     w = _worker(monkeypatch)
     w.cost_policy, w._ab_steps, w._ab_feature, w.lean_draft_on = None, 1, "lean_draft", True
