@@ -29,6 +29,7 @@ from sgl_eagle_triton import ALGORITHM_NAME, config
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.glue.args import settings
+from sgl_eagle_triton.kernels.rounding import FP8_KV_DTYPES
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import witnessed
 
@@ -42,6 +43,16 @@ _lean_draft = witnessed(lambda draft_worker, batch: draft_worker.lean_draft(batc
 # the lean extend's padding rows (RowGraphs): token 0 of request 0 at length 1, one accepted, into the padding slot 0
 EXTEND_PADS = (0, None, 1, 0, 1, 0)
 _lean_extend = witnessed(lambda draft_worker, batch, result: draft_worker.lean_extend(batch, result), LEAN_EXTEND)
+
+
+def fp8_pool(draft_worker) -> str | None:
+    """Why the default keeps SGLang's draft extend for an FP8 draft KV pool that ``--kv-cache-dtype auto`` gave (a
+    checkpoint that quantizes its KV cache: :func:`config.lean_extend_untested` reads only the flag), None else."""
+    binding = getattr(draft_worker, "_drafter_binding", None)
+    if binding is not None and binding[1].dtype in FP8_KV_DTYPES:
+        return (f"an FP8 draft KV pool ({binding[1].dtype}; untested end to end with the lean draft extend; "
+                f"{config.LEAN_EXTEND_ENV}=1 runs it)")
+    return None
 
 
 def draft_watchers(draft_worker) -> str | None:
@@ -276,11 +287,12 @@ class LeanStarts:
         if mode == "off":
             return
         dw = self.draft_worker
-        unserved = config.lean_extend_unserved(self.server_args)
-        if unserved is not None or (mode == "auto" and config.lean_extend_untested(self.server_args)):
+        why = (unserved := config.lean_extend_unserved(self.server_args)) and unserved[0]
+        if not why and mode == "auto":  # by default not where no e2e run served it yet (=1 runs it)
+            why = config.lean_extend_untested(self.server_args) or fp8_pool(dw)
+        if why:
             self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "
-                          "the lean one", unserved[0] if unserved else config.lean_extend_untested(self.server_args),
-                          expected=True)
+                          "the lean one", why, expected=True)
             return
         if (why := draft_watchers(dw)) is not None:
             self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "

@@ -42,7 +42,8 @@ class RowGraphs:
         self.replays = self.eager = self.mismatched = 0
         self._rows: dict[int, list[torch.Tensor]] = {}  # batch rows: views of the static inputs' first rows
         self._padded: dict[int, list[tuple[torch.Tensor, int | float]]] = {}  # batch rows, size: (rows past, pad)
-        self._dirty = 0  # static rows from here on hold their pads (inputs with one); below, a batch's rows may
+        self._dirty = 0  # static rows from here on hold their pads (inputs with one); below it, rows a batch wrote
+        self._mixed = False  # the static inputs are of several dtypes (set by capture)
 
     def capture(self, example: Sequence[torch.Tensor]) -> None:
         """One graph per size, largest first, on views of one set of static inputs (no autograd); ``fn`` runs once
@@ -50,6 +51,7 @@ class RowGraphs:
         goes where pads say)."""
         largest = self.sizes[-1]
         buffers = [torch.zeros(largest, *x.shape[1:], dtype=x.dtype, device=x.device) for x in example]
+        self._mixed = len({x.dtype for x in buffers}) > 1
         for x, pad in zip(buffers, self.pads, strict=True):
             if pad is not None:
                 x.fill_(pad)
@@ -89,7 +91,11 @@ class RowGraphs:
         size = static[0].shape[0]
         if (views := self._rows.get(rows)) is None:
             views = self._rows[rows] = [x[:rows] for x in static]
-        torch._foreach_copy_(views, inputs)  # one call (one launch per dtype where the inputs are dense and cast-free)
+        if self._mixed and len({x.dtype for x in inputs}) == 1:  # torch's fast path would cast every input to the
+            for x, given in zip(views, inputs, strict=True):  # first buffer's dtype (pytorch#173383)
+                x.copy_(given)
+        else:  # one call: per-tensor copies in C++ (mixed dtypes), or one launch (one dtype, dense)
+            torch._foreach_copy_(views, inputs)
         if self._dirty > rows:  # rows a larger batch wrote since: their pads again, up to this graph's size
             if (padded := self._padded.get((rows, size))) is None:
                 padded = self._padded[rows, size] = [(x[rows:], pad) for x, pad in zip(static, self.pads, strict=True)

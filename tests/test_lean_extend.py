@@ -245,15 +245,17 @@ def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(mo
             monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
         else:
             monkeypatch.setenv(config.LEAN_EXTEND_ENV, value)
+        fp8 = (None, torch.empty(1, dtype=torch.float8_e4m3fn))  # a checkpoint's FP8 pool under --kv-cache-dtype auto
         for owner, attr, setting, why, level in cases + [(w.server_args, "page_size", 16, "--page-size 16", "INFO"),
-                                                         (w.server_args, "kv_cache_dtype", "fp8_e4m3", "fp8", "INFO")]:
-            untested = attr in ("page_size", "kv_cache_dtype")
+                                                         (w.server_args, "kv_cache_dtype", "fp8_e4m3", "fp8", "INFO"),
+                                                         (dw, "_drafter_binding", fp8, "an FP8 draft KV pool", "INFO")]:
+            untested = attr in ("page_size", "kv_cache_dtype", "_drafter_binding")
             dw.lean_extend_on = False
             w = _main_worker(dw)
             owner = w.server_args if owner is not dw and owner is not dw.draft_runner else owner
             caplog.clear()
             with monkeypatch.context() as patch:
-                patch.setattr(owner, attr, setting)
+                patch.setattr(owner, attr, setting, raising=False)
                 if value == "1" and untested:  # =1 serves what the default leaves untested
                     w.start_lean_extend()
                     assert w.lean_extend_on and w.lean_extend_declined is None
