@@ -634,14 +634,12 @@ def lean_extend_unserved(sa) -> tuple[str, str] | None:
 
 def lean_extend_untested(sa) -> str | None:
     """Why the default (unset :data:`LEAN_EXTEND_ENV`) keeps SGLang's draft extend for the server args ``sa`` although
-    ``1`` would serve them: deployments no end-to-end run of the lean extend has served yet; None elsewhere."""
+    ``1`` would serve them: a paged pool, which no end-to-end run of the lean extend has served yet; None elsewhere
+    (an FP8 pool, from the flag or the checkpoint, is read off the pool itself: ``lean_phases.fp8_pool``)."""
     sa = glue_args.settings(sa)
     if (sa.page_size or 1) > 1:
         return (f"--page-size {sa.page_size} (untested end to end with the lean draft extend; {LEAN_EXTEND_ENV}=1 "
                 "runs it)")
-    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
-        return (f"--kv-cache-dtype {sa.kv_cache_dtype} (untested end to end with the lean draft extend; "
-                f"{LEAN_EXTEND_ENV}=1 runs it)")
     return None
 
 

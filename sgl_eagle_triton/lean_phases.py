@@ -46,8 +46,9 @@ _lean_extend = witnessed(lambda draft_worker, batch, result: draft_worker.lean_e
 
 
 def fp8_pool(draft_worker) -> str | None:
-    """Why the default keeps SGLang's draft extend for an FP8 draft KV pool that ``--kv-cache-dtype auto`` gave (a
-    checkpoint that quantizes its KV cache: :func:`config.lean_extend_untested` reads only the flag), None else."""
+    """Why the default keeps SGLang's draft extend for an FP8 draft KV pool (``--kv-cache-dtype fp8_*``, or ``auto``
+    with a checkpoint that quantizes its KV cache), which no end-to-end run of the lean extend has served yet; None
+    else."""
     binding = getattr(draft_worker, "_drafter_binding", None)
     if binding is not None and binding[1].dtype in FP8_KV_DTYPES:
         return (f"an FP8 draft KV pool ({binding[1].dtype}; untested end to end with the lean draft extend; "
@@ -278,7 +279,7 @@ class LeanStarts:
         """Every decode step's draft extend after a chain's verify as :meth:`LeanDraftWorker.lean_extend`, its
         rows captured at the batch sizes of each state's verify graphs (none with CUDA graphs off: eager), unless
         ``config.LEAN_EXTEND_ENV=0``. Not where the server args rule it out (:func:`config.lean_extend_unserved`; by
-        default also where no end-to-end run has served it: :func:`config.lean_extend_untested`),
+        default also on pools no end-to-end run has served: :func:`config.lean_extend_untested`, :func:`fp8_pool`),
         SGLang's draft extend does more than it replaces (it seeds DSA's top-k; a KV canary checks the draft's
         forwards) or the capture runs out of GPU memory: there SGLang's draft extend runs, the reason logged and kept
         in :attr:`lean_extend_declined` (the kernel report); under ``config.LEAN_EXTEND_ENV=1`` the server is refused
@@ -291,12 +292,10 @@ class LeanStarts:
         if not why and mode == "auto":  # by default not where no e2e run served it yet (=1 runs it)
             why = config.lean_extend_untested(self.server_args) or fp8_pool(dw)
         if why:
-            self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "
-                          "the lean one", why, expected=True)
+            self._decline_lean_extend(mode, why, expected=True)
             return
         if (why := draft_watchers(dw)) is not None:
-            self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not "
-                          "the lean one", why)
+            self._decline_lean_extend(mode, why)
             return
         controller = self.adaptive_controller
         states = ({self.speculative_num_draft_tokens: glue.target_graph_runner(self.target_worker.model_runner)}
@@ -312,8 +311,7 @@ class LeanStarts:
                 dw.capture_lean_extend(sizes)
             except torch.cuda.OutOfMemoryError as error:  # by default SGLang's draft extend, its graphs captured
                 dw._extend_graphs = None
-                self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs "
-                              "SGLang's, not the lean one", f"capturing its graphs ran out of GPU memory ({error})")
+                self._decline_lean_extend(mode, f"capturing its graphs ran out of GPU memory ({error})")
                 return
         dw.compile_lean_extend(sorted(set(states) - set(sizes)))  # the counts run eagerly: compiled first
         dw.publish_read_done = self._publish_read_done
@@ -327,3 +325,8 @@ class LeanStarts:
         """SGLang's draft phase instead of the lean one, for ``why`` (:meth:`_decline`)."""
         self._decline(config.LEAN_DRAFT_ENV, mode, "lean_draft_declined", "the draft phase runs SGLang's "
                       "prepare_for_draft and draft graphs, not the lean draft phase", why, expected)
+
+    def _decline_lean_extend(self, mode: str, why: str, expected: bool = False) -> None:
+        """SGLang's draft extend instead of the lean one, for ``why`` (:meth:`_decline`)."""
+        self._decline(config.LEAN_EXTEND_ENV, mode, "lean_extend_declined", "the draft extend runs SGLang's, not the "
+                      "lean one", why, expected)

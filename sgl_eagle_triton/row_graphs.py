@@ -41,7 +41,7 @@ class RowGraphs:
         self.graphs: dict[int, tuple[object, list[torch.Tensor], tuple | None]] = {}  # size: graph, inputs, outputs
         self.replays = self.eager = self.mismatched = 0
         self._rows: dict[int, list[torch.Tensor]] = {}  # batch rows: views of the static inputs' first rows
-        self._padded: dict[int, list[tuple[torch.Tensor, int | float]]] = {}  # batch rows, size: (rows past, pad)
+        self._padded: dict[int, list[tuple[torch.Tensor, int | float]]] = {}  # batch rows: (rows past it, pad)
         self._dirty = 0  # static rows from here on hold their pads (inputs with one); below it, rows a batch wrote
         self._mixed = False  # the static inputs are of several dtypes (set by capture)
 
@@ -97,9 +97,9 @@ class RowGraphs:
         else:  # one call: per-tensor copies in C++ (mixed dtypes), or one launch (one dtype, dense)
             torch._foreach_copy_(views, inputs)
         if self._dirty > rows:  # rows a larger batch wrote since: their pads again, up to this graph's size
-            if (padded := self._padded.get((rows, size))) is None:
-                padded = self._padded[rows, size] = [(x[rows:], pad) for x, pad in zip(static, self.pads, strict=True)
-                                                     if pad is not None and rows < size]
+            if (padded := self._padded.get(rows)) is None:  # static (its graph's size) follows from rows
+                padded = self._padded[rows] = [(x[rows:], pad) for x, pad in zip(static, self.pads, strict=True)
+                                               if pad is not None and rows < size]
             for x, pad in padded:
                 x.fill_(pad)
         self._dirty = self._dirty if self._dirty > size else rows  # rows past this graph's size not written here

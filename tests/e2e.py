@@ -79,6 +79,15 @@ def lean_draft_problem(report: Mapping, one_gpu: bool = True, paged_tree: bool =
     return None
 
 
+def lean_extend_env(env: Mapping[str, str] | None, served: bool) -> Mapping[str, str] | None:
+    """A server's environment ``env`` where ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1`` exported for the run would refuse a
+    server that the lean extend does not serve (``served``: a chain on one GPU): that server gets ``=0`` (SGLang's
+    draft extend); else ``env`` as it is."""
+    if served or config.lean_extend_mode() != "on":
+        return env
+    return {**(env or {}), config.LEAN_EXTEND_ENV: "0"}
+
+
 def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True,
                         untested: bool = False) -> str | None:
     """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: by

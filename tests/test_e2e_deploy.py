@@ -17,11 +17,11 @@ import os
 
 import pytest
 
-from sgl_eagle_triton import config
 from tests.e2e import (
     accept_share,
     e2e_server,
     lean_draft_problem,
+    lean_extend_env,
     lean_extend_problem,
     require_gpus,
     serve_concurrently,
@@ -75,10 +75,7 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
     for steps, topk, n in trees:
         spec = [*flags, "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
-        # SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 exported for the run serves chains on one GPU (refused elsewhere): the
-        # other servers run SGLang's draft extend
-        lean_extend = config.lean_extend_mode() != "on" or (topk == 1 and not deployment.startswith("tp"))
-        server_env = env if lean_extend else {**(env or {}), config.LEAN_EXTEND_ENV: "0"}
+        server_env = lean_extend_env(env, served=topk == 1 and not deployment.startswith("tp"))
         for algo in ("EAGLE3", "EAGLE_TRITON"):
             servers[algo, n] = e2e_server(f"{deployment}-{algo}-{steps}-{topk}-{n}", TARGET,
                                           ["--speculative-algorithm", algo, *spec], tmp_path, env=server_env,

@@ -38,6 +38,7 @@ from tests.e2e import (
     accept_share,
     e2e_server,
     lean_draft_problem,
+    lean_extend_env,
     lean_extend_problem,
     serve_all,
     serve_concurrently,
@@ -94,10 +95,7 @@ def test_eagle_triton_serves_like_stock_and_lossless(parallel, pair, tmp_path):
     for steps, topk, n in trees:
         spec = ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n)]
-        # SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 exported for the run serves chains on one GPU (refused elsewhere): the
-        # other servers run SGLang's draft extend
-        lean_extend = config.lean_extend_mode() != "on" or (topk == 1 and parallel == "tp1")
-        server_env = env if lean_extend else {**(env or {}), config.LEAN_EXTEND_ENV: "0"}
+        server_env = lean_extend_env(env, served=topk == 1 and parallel == "tp1")
         for algo in (stock_algo, "EAGLE_TRITON"):
             name = f"{pair}-{algo}-{steps}-{topk}-{n}"
             servers[(algo, n)] = functools.partial(e2e_server, name, target,

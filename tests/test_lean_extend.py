@@ -245,11 +245,10 @@ def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(mo
             monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
         else:
             monkeypatch.setenv(config.LEAN_EXTEND_ENV, value)
-        fp8 = (None, torch.empty(1, dtype=torch.float8_e4m3fn))  # a checkpoint's FP8 pool under --kv-cache-dtype auto
+        fp8 = (None, torch.empty(1, dtype=torch.float8_e4m3fn))  # from --kv-cache-dtype fp8_* or a checkpoint's
         for owner, attr, setting, why, level in cases + [(w.server_args, "page_size", 16, "--page-size 16", "INFO"),
-                                                         (w.server_args, "kv_cache_dtype", "fp8_e4m3", "fp8", "INFO"),
                                                          (dw, "_drafter_binding", fp8, "an FP8 draft KV pool", "INFO")]:
-            untested = attr in ("page_size", "kv_cache_dtype", "_drafter_binding")
+            untested = attr in ("page_size", "_drafter_binding")
             dw.lean_extend_on = False
             w = _main_worker(dw)
             owner = w.server_args if owner is not dw and owner is not dw.draft_runner else owner
@@ -313,3 +312,16 @@ def test_the_e2e_check_wants_the_lean_extend_where_it_runs_by_default(monkeypatc
     assert lean_extend_problem(ran, untested=True) is None and lean_extend_problem(none, untested=True)
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
     assert lean_extend_problem(none) is None and lean_extend_problem(ran) is not None
+
+
+def test_under_1_the_e2e_servers_the_lean_extend_does_not_serve_take_sglangs(monkeypatch):
+    """tests.e2e.lean_extend_env: under SGLANG_EAGLE_TRITON_LEAN_EXTEND=1 exported for the run, a tree or TP server
+    (which =1 would refuse) gets =0; chains on one GPU, and every server without =1, keep their environment."""
+    from tests.e2e import lean_extend_env
+    env = {"X": "1"}
+    monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
+    assert lean_extend_env(env, served=True) is env
+    assert lean_extend_env(env, served=False) == {"X": "1", config.LEAN_EXTEND_ENV: "0"} and env == {"X": "1"}
+    assert lean_extend_env(None, served=False) == {config.LEAN_EXTEND_ENV: "0"}
+    monkeypatch.delenv(config.LEAN_EXTEND_ENV)
+    assert lean_extend_env(env, served=False) is env
