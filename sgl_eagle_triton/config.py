@@ -632,17 +632,6 @@ def lean_extend_unserved(sa) -> tuple[str, str] | None:
     return None
 
 
-def lean_extend_untested(sa) -> str | None:
-    """Why the default (unset :data:`LEAN_EXTEND_ENV`) keeps SGLang's draft extend for the server args ``sa`` although
-    ``1`` would serve them: a paged pool, which no end-to-end run of the lean extend has served yet; None elsewhere
-    (an FP8 pool, from the flag or the checkpoint, is read off the pool itself: ``lean_phases.fp8_pool``)."""
-    sa = glue_args.settings(sa)
-    if (sa.page_size or 1) > 1:
-        return (f"--page-size {sa.page_size} (untested end to end with the lean draft extend; {LEAN_EXTEND_ENV}=1 "
-                "runs it)")
-    return None
-
-
 def verify_in_graph_mode() -> str:
     """:data:`VERIFY_IN_GRAPH_ENV` as ``"auto"`` (unset: greedy chains verified inside the target's verify graphs
     wherever they can be), ``"on"`` (``1``: required) or ``"off"`` (``0``, and values the start-up refused)."""

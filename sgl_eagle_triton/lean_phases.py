@@ -29,7 +29,6 @@ from sgl_eagle_triton import ALGORITHM_NAME, config
 from sgl_eagle_triton.drafter import FusedDrafter
 from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.glue.args import settings
-from sgl_eagle_triton.kernels.rounding import FP8_KV_DTYPES
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import witnessed
 
@@ -43,17 +42,6 @@ _lean_draft = witnessed(lambda draft_worker, batch: draft_worker.lean_draft(batc
 # the lean extend's padding rows (RowGraphs): token 0 of request 0 at length 1, one accepted, into the padding slot 0
 EXTEND_PADS = (0, None, 1, 0, 1, 0)
 _lean_extend = witnessed(lambda draft_worker, batch, result: draft_worker.lean_extend(batch, result), LEAN_EXTEND)
-
-
-def fp8_pool(draft_worker) -> str | None:
-    """Why the default keeps SGLang's draft extend for an FP8 draft KV pool (``--kv-cache-dtype fp8_*``, or ``auto``
-    with a checkpoint that quantizes its KV cache), which no end-to-end run of the lean extend has served yet; None
-    else."""
-    binding = getattr(draft_worker, "_drafter_binding", None)
-    if binding is not None and binding[1].dtype in FP8_KV_DTYPES:
-        return (f"an FP8 draft KV pool ({binding[1].dtype}; untested end to end with the lean draft extend; "
-                f"{config.LEAN_EXTEND_ENV}=1 runs it)")
-    return None
 
 
 def draft_watchers(draft_worker) -> str | None:
@@ -278,8 +266,7 @@ class LeanStarts:
     def start_lean_extend(self) -> None:
         """Every decode step's draft extend after a chain's verify as :meth:`LeanDraftWorker.lean_extend`, its
         rows captured at the batch sizes of each state's verify graphs (none with CUDA graphs off: eager), unless
-        ``config.LEAN_EXTEND_ENV=0``. Not where the server args rule it out (:func:`config.lean_extend_unserved`; by
-        default also on pools no end-to-end run has served: :func:`config.lean_extend_untested`, :func:`fp8_pool`),
+        ``config.LEAN_EXTEND_ENV=0``. Not where the server args rule it out (:func:`config.lean_extend_unserved`),
         SGLang's draft extend does more than it replaces (it seeds DSA's top-k; a KV canary checks the draft's
         forwards) or the capture runs out of GPU memory: there SGLang's draft extend runs, the reason logged and kept
         in :attr:`lean_extend_declined` (the kernel report); under ``config.LEAN_EXTEND_ENV=1`` the server is refused
@@ -289,8 +276,6 @@ class LeanStarts:
             return
         dw = self.draft_worker
         why = (unserved := config.lean_extend_unserved(self.server_args)) and unserved[0]
-        if not why and mode == "auto":  # by default not where no e2e run served it yet (=1 runs it)
-            why = config.lean_extend_untested(self.server_args) or fp8_pool(dw)
         if why:
             self._decline_lean_extend(mode, why, expected=True)
             return

@@ -88,15 +88,13 @@ def lean_extend_env(env: Mapping[str, str] | None, served: bool) -> Mapping[str,
     return {**(env or {}), config.LEAN_EXTEND_ENV: "0"}
 
 
-def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True,
-                        untested: bool = False) -> str | None:
+def lean_extend_problem(report: Mapping, one_gpu: bool = True, chain: bool = True) -> str | None:
     """What is wrong with the draft extends an EAGLE_TRITON server's kernel report counts, None if nothing: by
     default (and under ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=1``) some decode steps' extends were the lean one and the
-    report names it on one GPU with a chain (elsewhere the default declines it, =1 refuses to start), by default not
-    where the pool is one no e2e run served yet (``untested``: paged, FP8; =1 serves it); none under
+    report names it on one GPU with a chain (elsewhere the default declines it, =1 refuses to start); none under
     ``SGLANG_EAGLE_TRITON_LEAN_EXTEND=0`` exported for the run."""
     mode = config.lean_extend_mode()
-    expected = (mode == "on" or (mode == "auto" and not untested)) and one_gpu and chain
+    expected = mode in ("on", "auto") and one_gpu and chain
     ran = report["ran"].get(LEAN_EXTEND, 0)
     if expected and not (ran and report["kernels"].get("draft extend", "").startswith("lean")):
         return f"{ran} lean draft extends, the kernel report's draft extend {report['kernels'].get('draft extend')!r}"

@@ -35,8 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 TARGET, DRAFT = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
 # flag set -> its arguments and the trees served under it (paged KV: a chain and a tree with topk > 1, which
-# SGLang 0.5.17 runs with paged KV on the triton backend; fp8_e4m3's chain: the lean draft extend's FP8 pool under
-# SGLANG_EAGLE_TRITON_LEAN_EXTEND=1)
+# SGLang 0.5.17 runs with paged KV on the triton backend; fp8_e4m3's chain: the lean draft extend on an FP8 pool)
 DEPLOYMENTS = {
     "page16": (["--page-size", "16"], [(5, 1, 6), (5, 4, 16)]),
     "page64": (["--page-size", "64"], [(5, 1, 6), (5, 4, 16)]),
@@ -112,8 +111,6 @@ def test_eagle_triton_under_deployment_flags(deployment, tmp_path):
         # the lean draft phase on one GPU (each DP replica's), SGLang's under TP and for paged trees
         paged = "--page-size" in flags and topk > 1
         assert lean_draft_problem(reports[n], one_gpu=not deployment.startswith("tp"), paged_tree=paged) is None, key
-        # the lean draft extend for chains on one GPU; by default not on paged or FP8 pools (SGLANG_EAGLE_TRITON_
-        # LEAN_EXTEND=1 exported for the run serves them)
-        untested = "--page-size" in flags or "--kv-cache-dtype" in flags
-        assert lean_extend_problem(reports[n], one_gpu=not deployment.startswith("tp"), chain=topk == 1,
-                                   untested=untested) is None, (key, reports[n]["kernels"].get("draft extend"))
+        # the lean draft extend for chains on one GPU (paged and FP8 pools included)
+        assert lean_extend_problem(reports[n], one_gpu=not deployment.startswith("tp"),
+                                   chain=topk == 1) is None, (key, reports[n]["kernels"].get("draft extend"))

@@ -201,9 +201,8 @@ def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(mo
     """start_lean_extend: unset (the default) or SGLANG_EAGLE_TRITON_LEAN_EXTEND=1, each draft-token count captured at
     its state's verify graphs' sizes (static: the target's decode graphs), none with CUDA graphs off (eager), the
     scheduler's WAR event handed to the draft worker, the counts without graphs compiled eagerly first; nothing under
-    0. Where the server args rule it out, SGLang's extend reads the DSA top-k seeding or a KV canary watches the draft
-    (and, by default only, a paged or FP8 pool no e2e run served): declined, the reason logged and reported by
-    default; refused under 1."""
+    0. Where the server args rule it out, SGLang's extend reads the DSA top-k seeding or a KV canary watches the draft:
+    declined, the reason logged and reported by default; refused under 1. Paged and FP8 pools start it."""
     caplog.set_level(logging.INFO)
     captured = []
     compiled = []
@@ -246,16 +245,15 @@ def test_the_lean_extend_starts_by_default_at_every_states_verify_graph_sizes(mo
         else:
             monkeypatch.setenv(config.LEAN_EXTEND_ENV, value)
         fp8 = (None, torch.empty(1, dtype=torch.float8_e4m3fn))  # from --kv-cache-dtype fp8_* or a checkpoint's
-        for owner, attr, setting, why, level in cases + [(w.server_args, "page_size", 16, "--page-size 16", "INFO"),
-                                                         (dw, "_drafter_binding", fp8, "an FP8 draft KV pool", "INFO")]:
-            untested = attr in ("page_size", "_drafter_binding")
+        for owner, attr, setting, why, level in cases + [(w.server_args, "page_size", 16, None, None),
+                                                         (dw, "_drafter_binding", fp8, None, None)]:
             dw.lean_extend_on = False
             w = _main_worker(dw)
             owner = w.server_args if owner is not dw and owner is not dw.draft_runner else owner
             caplog.clear()
             with monkeypatch.context() as patch:
                 patch.setattr(owner, attr, setting, raising=False)
-                if value == "1" and untested:  # =1 serves what the default leaves untested
+                if why is None:  # paged and FP8 pools: served by the default and by =1 (lossless end to end)
                     w.start_lean_extend()
                     assert w.lean_extend_on and w.lean_extend_declined is None
                 elif value == "1":
@@ -297,19 +295,20 @@ def test_the_kernel_report_names_the_lean_extend(monkeypatch):
 
 
 def test_the_e2e_check_wants_the_lean_extend_where_it_runs_by_default(monkeypatch):
-    """tests.e2e.lean_extend_problem: by default a chain on one GPU must have run the lean extend (counted, named
-    by the report), nothing elsewhere (TP, trees, paged or FP8 pools); under 1 the untested pools too; under 0
-    nowhere. Can fail: a server that ran none, or ran it where it should not."""
+    """tests.e2e.lean_extend_problem: by default and under 1 a chain on one GPU must have run the lean extend
+    (counted, named by the report), nothing elsewhere (TP, trees); under 0 nowhere. Can fail: a server that ran none,
+    or ran it where it should not."""
     from tests.e2e import lean_extend_problem
     ran = {"ran": {worker.LEAN_EXTEND: 7}, "kernels": {"draft extend": "lean: ..."}}
     none = {"ran": {}, "kernels": {"draft extend": "SGLang's (lean declined: --tp 2 ...)"}}
     monkeypatch.delenv(config.LEAN_EXTEND_ENV, raising=False)
     assert lean_extend_problem(ran) is None and "0 lean draft extends" in lean_extend_problem(none)
-    for kw in ({"one_gpu": False}, {"chain": False}, {"untested": True}):
+    for kw in ({"one_gpu": False}, {"chain": False}):
         assert lean_extend_problem(none, **kw) is None
         assert "where SGLang's draft extend should run" in lean_extend_problem(ran, **kw)
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
-    assert lean_extend_problem(ran, untested=True) is None and lean_extend_problem(none, untested=True)
+    assert lean_extend_problem(ran) is None and lean_extend_problem(none)
+    assert lean_extend_problem(none, chain=False) is None
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
     assert lean_extend_problem(none) is None and lean_extend_problem(ran) is not None
 
