@@ -625,7 +625,7 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
 
 
 # of the cost policy's report, kept in rows
-POLICY_KEYS = ("switches", "probes", "depth_rates", "rest_ms", "rest_spread_ms")
+POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "rest_ms", "rest_spread_ms")
 
 
 def policy_state(server) -> dict | None:

@@ -38,6 +38,17 @@ steps 0 through easy ones: after ``PROBE[0]`` verifies at steps 0 the policy age
 drafting state of best value in force, deciding after ``PROBE[2]`` counted verifies; a return to steps 0 within the
 probe's first decisions doubles the wait (up to ``PROBE[1]``), a later one or leaving steps 0 by itself resets it.
 
+A state's price is learnt while it is in force and kept while another state runs, so a price learnt from slow cycles
+(a server's first requests: one H200 priced the chain of 3 at 3.3-3.6 ms beyond its graphs from them, and the policy
+then held the chain of 7 for 2444 steps, 0.95x the static chain of 3's tokens per second) would hold for good. Every
+state's price at a batch bucket has an age: the counted verifies since it was last in force there. After
+``REPRICE[0]`` verifies in which a candidate's price there has aged that long, the policy re-prices it at a decision
+that keeps the drafting state in force: the stale drafting candidate of best value goes in force with its price
+forgotten (:meth:`CycleCost.forget`: its next cycles set it again) for ``REPRICE[2]`` counted verifies, then the
+state it left returns unless another is worth ``1 + margin`` times it; a return doubles the wait (up to
+``REPRICE[1]``), any other outcome resets it. Steps 0 is not re-priced (its own probe leaves it; a drafting state's
+acceptance is learnt only while drafting). ``python -m bench.policy_sim --reprice`` weighs it against none.
+
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
 
@@ -59,6 +70,9 @@ logger = logging.getLogger(__name__)
 # Steps 0's probe: (verifies at steps 0 before the first probe, the longest wait between probes, a probe's counted
 # verifies before it decides); bench.policy_sim weighs it against no probe
 PROBE = (64, 1024, 4)
+# Re-pricing a stale price (module docstring): (counted verifies since a candidate was last in force at a bucket before
+# its price there is stale, the longest wait, a re-pricing's counted verifies before it decides)
+REPRICE = (512, 4096, 4)
 
 
 def chain_tokens(rates) -> float:
@@ -336,6 +350,13 @@ class CycleCost:
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
         return True
 
+    def forget(self, steps: int, batch_size: int) -> None:
+        """The state's price at the batch's bucket is learnt again from its next cycles (the lower median of the first
+        :attr:`first`, then the EMA): until two arrive it is priced as a state never counted there."""
+        key = (steps, self.bucket(batch_size))
+        self._early.pop(key, None)
+        self.rest.pop(key, None)
+
     def spread(self) -> dict[tuple[int, int], tuple[float, float, int]]:
         """Per (steps, bucket): the least and the largest of the last :data:`RECENT` rests counted there (ms outside
         the graphs) and how many there are: how far a price could move on the cycles it was learnt from."""
@@ -392,7 +413,8 @@ class CostAwarePolicy:
 
     def __init__(self, candidate_steps: list[int], initial_steps: int, update_interval: int = 8, settle: int = 2,
                  margin: float = 0.05, clock=time.perf_counter, trees: dict[int, tuple[int, int]] | None = None,
-                 evidence: TreeEvidence | None = None, agree=None, probe: tuple[int, int, int] | None = PROBE):
+                 evidence: TreeEvidence | None = None, agree=None, probe: tuple[int, int, int] | None = PROBE,
+                 reprice: tuple[int, int, int] | None = REPRICE):
         self.candidate_steps = sorted(set(candidate_steps))
         # steps 0's probe (module docstring, PROBE: first wait, longest wait, verifies before it decides); None: none
         self.probe = probe
@@ -401,6 +423,13 @@ class CostAwarePolicy:
         self._probing = False  # the state in force was put in force by a probe, not decided yet
         self._probe_at: int | None = None  # the counted verifies at the last probe's start
         self.probes = 0
+        self._trial = 0  # the counted verifies a probe or re-pricing runs before it decides
+        # re-pricing (module docstring, REPRICE: first wait, longest wait, verifies before it decides); None: none
+        self.reprice = reprice
+        self._reprice_every = reprice[0] if reprice else 0
+        self._in_force_at: dict[tuple[int, int], int] = {}  # (steps, bucket) -> counted verifies when last in force
+        self._repricing: tuple[int, int] | None = None  # (the state re-priced, the state it left) until it decides
+        self.reprices = 0
         # agree(steps) -> the step count every rank adopts (rank 0's), called at every decision on every rank
         self.agree = agree
         self.current = initial_steps
@@ -486,18 +515,68 @@ class CostAwarePolicy:
         self._verifies += 1
         if self.costs is None:
             return None
-        if self._probing:  # a probe's state decides after its first counted verifies
-            if self._since_switch - self.settle < self.probe[2]:
+        self._in_force_at[self.current, self.costs.bucket(batch_size)] = self._verifies
+        if self._probing:  # a probe's or re-pricing's state decides after its first counted verifies
+            if self._since_switch - self.settle < self._trial:
                 return None
         elif self._verifies % self.update_interval:
             return None
         if self.trees:
             self._refresh_trees()
         self._probing = False
-        switched = self._decide(batch_size)
+        switched = self._decide(batch_size) if self._repricing is None else self._end_repricing(batch_size)
         if self.current == 0 and switched is None and self.probe and self._off_verifies >= self._probe_every:
             return self._start_probe(batch_size)
+        if self.current > 0 and switched is None and self.reprice and (stale := self._stale(batch_size)):
+            return self._start_reprice(batch_size, stale)
         return switched
+
+    def _stale(self, batch_size: int) -> list[int]:
+        """The candidates other than the state in force whose price at the batch's bucket was last learnt
+        ``_reprice_every`` or more counted verifies ago (never-run candidates are priced by borrowing, not stale).
+        The same on every rank: it counts verifies, not cycles."""
+        bucket = self.costs.bucket(batch_size)
+        return [s for s in self.candidate_steps if s not in (0, self.current) and (s, bucket) in self._in_force_at
+                and self._verifies - self._in_force_at[s, bucket] >= self._reprice_every]
+
+    def _end_repricing(self, batch_size: int) -> int | None:
+        """A re-pricing measures, it does not move: the best candidate stays in force only if it is worth
+        ``1 + margin`` times the state the re-pricing left, which is put back in force otherwise (a near tie would
+        else drift to whichever state was re-priced last). Back where it came from, the re-pricing did not pay: the
+        next one waits twice as long; any other outcome resets the wait. Returns the state put in force, else None."""
+        trial, left = self._repricing
+        self._repricing = None
+        best = self.best(batch_size)
+        if self.value(best, batch_size) <= (1 + self.margin) * self.value(left, batch_size):
+            best = left
+        if self.agree is not None:
+            best = self.agree(best)
+        back = best == left
+        self._reprice_every = min(2 * self._reprice_every, self.reprice[1]) if back else self.reprice[0]
+        self._decided_at = bucket = self.costs.bucket(batch_size)
+        if best == self.current:
+            self._affirmed.add(bucket)
+            return None
+        self._switch(best, bucket)
+        return best
+
+    def _start_reprice(self, batch_size: int, stale: list[int]) -> int | None:
+        """Puts the stale candidate of best value (rank 0's under tensor parallelism) in force with its price at the
+        batch's bucket forgotten, deciding after ``REPRICE[2]`` counted verifies; returns it."""
+        choice = max(stale, key=lambda s: self.value(s, batch_size))
+        if self.agree is not None:
+            choice = self.agree(choice)
+        if choice == self.current:
+            return None
+        left, bucket = self.current, self.costs.bucket(batch_size)
+        self.costs.forget(choice, batch_size)
+        self._in_force_at[choice, bucket] = self._verifies
+        self.reprices += 1
+        logger.info("EAGLE_TRITON adaptive: re-pricing steps %d at batch %d (its price last learnt %d verifies ago)",
+                    choice, batch_size, self._reprice_every)
+        self._switch(choice, bucket)
+        self._probing, self._trial, self._repricing = True, self.reprice[2], (choice, left)
+        return choice
 
     def _start_probe(self, batch_size: int) -> int | None:
         """Steps 0 learns nothing of acceptance: after ``_probe_every`` verifies there, put the drafting state of best
@@ -516,7 +595,7 @@ class CostAwarePolicy:
         logger.info("EAGLE_TRITON adaptive: probing steps %d at batch %d after %d verifies at steps 0",
                     choice, batch_size, self._probe_every)
         self._switch(choice, self.costs.bucket(batch_size))
-        self._probing = True
+        self._probing, self._trial = True, self.probe[2]
         return choice
 
     # -- the decision --------------------------------------------------------------------------------------------
@@ -602,7 +681,8 @@ class CostAwarePolicy:
     def report(self) -> dict:
         """For ``/server_info``: the estimates the decisions rest on."""
         depths = range(1, max(self.candidate_steps) + 1)
-        out = {"policy": "cost", "steps": self.current, "switches": self.switches, "probes": self.probes}
+        out = {"policy": "cost", "steps": self.current, "switches": self.switches, "probes": self.probes,
+               "reprices": self.reprices}
         if self.trees:
             out["rank_rates"] = [[round(self.acceptance.rate(d, r), 3) for r in range(self.acceptance.max_rank)]
                                  for d in depths]

@@ -9,7 +9,7 @@ import pytest
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
 from sgl_eagle_triton import worker
-from sgl_eagle_triton.adaptive import PROBE, CostAwarePolicy, CycleCost, DepthAcceptance, replay_ms
+from sgl_eagle_triton.adaptive import PROBE, REPRICE, CostAwarePolicy, CycleCost, DepthAcceptance, replay_ms
 from sgl_eagle_triton.worker import EagleTritonWorkerV2
 
 
@@ -262,7 +262,7 @@ def test_a_batch_hovering_at_a_size_boundary_does_not_switch_at_every_step():
     the regular decisions run, every 8 verifies, at one parity; deciding at every change would switch at every step
     and never leave the settle window."""
     costs = {(1, 8): 5.0, (3, 8): 6.0, (1, 16): 5.0, (3, 16): 12.0}  # 3 best at 8, 1 best at 16
-    policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2)
+    policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2, reprice=None)  # re-pricing: its own tests
     policy.set_costs(CycleCost(costs))
     rng = random.Random(2)
     for step in range(400):
@@ -274,7 +274,7 @@ def test_a_batch_hovering_at_a_size_boundary_does_not_switch_at_every_step():
     # the acceptance model a counted verify (in 400 steps: 65 switches and 268 verifies counted held 2 steps, 130 and
     # 138 held 3; each a pointer swap between chains, a resume step when leaving steps 0)
     for period in (2, 3):
-        policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2)
+        policy = CostAwarePolicy([1, 3], 3, update_interval=8, settle=2, reprice=None)  # re-pricing: its own tests
         policy.set_costs(CycleCost(costs))
         for step in range(400):
             bs = 8 + (step // period) % 2
@@ -690,3 +690,130 @@ def test_a_probe_that_drafts_a_little_longer_then_returns_still_doubles_the_wait
     while policy.current == 7:
         policy.on_verify_complete([0], 1)
     assert policy._probe_every == PROBE[0]
+
+
+def stale_price_server(reprice, worth, cycles_ms, early=(30, 3.8)):
+    """A batch-1 policy over chains of 3 and 7 (host-bound graphs shaped like the tiny pair's) with expected tokens
+    ``worth`` (a dict, changed by the caller as it goes) and wall-clock cycles ``cycles_ms`` per state, the server's
+    first ``early[0]`` cycles ``early[1]`` ms whatever the state (its first requests); returns the policy and a
+    ``step(n)`` that runs n decode steps (announce, cycle, verify)."""
+    now = [0.0]
+    policy = CostAwarePolicy([3, 7], 3, update_interval=8, settle=2, clock=lambda: now[0], reprice=reprice)
+    policy.set_costs(CycleCost({(3, 1): 0.30, (7, 1): 0.54}))
+    policy.expected_tokens = worth.get
+    done = [0]
+
+    def step(n: int) -> None:
+        for _ in range(n):
+            steps = policy.get_steps_for_batch(1)
+            now[0] += (early[1] if done[0] < early[0] else cycles_ms[steps]) / 1e3
+            done[0] += 1
+            policy.on_verify_complete([0], 1)
+
+    return policy, step
+
+
+def test_a_stale_price_is_learnt_again():
+    """Trained tiny pair, one H200, batch 1: a cost server priced the chain of 3 from its first requests (3.3-3.6 ms
+    beyond its graphs), went to the chain of 7 and held it for 2444 of 2483 steps (accept 2.33, 3.05 ms a cycle)
+    beside a static chain of 3 at 2.5 ms a cycle (accept 2.0): 0.95x its tokens per second. Capped by the chain of 7's
+    cycle, the stale price is never below it, so 7's extra tokens always win. Re-priced after REPRICE[0] verifies, the
+    chain of 3 learns its 2.5 ms again and holds; without re-pricing the policy stays at 7."""
+    for reprice in (None, REPRICE):
+        worth = {3: 1.985, 7: 2.9}  # the first requests: deep chains pay
+        policy, step = stale_price_server(reprice, worth, {3: 2.5, 7: 3.05})
+        step(40)
+        assert policy.current == 7 and policy.costs.rest[3, 1] > 3.0  # left 3 with its early price
+        worth[7] = 2.161  # the server's estimate later: 3 at 2.5 ms is worth 12 % more than 7 at 3.05
+        step(REPRICE[0] + 3 * policy.update_interval)
+        if reprice is None:
+            assert policy.current == 7 and policy.reprices == 0
+            continue
+        assert policy.current == 3 and policy.reprices == 1, policy.report()
+        assert policy.costs.cost(3, 1) == pytest.approx(2.5)  # its price from its new cycles alone
+        step(2000)
+        # 7 re-priced now and then (after REPRICE[0] and twice that: each return to 3 doubles the wait), 3 kept
+        assert policy.current == 3 and policy.reprices == 3, REPRICE
+        assert policy.report()["reprices"] == policy.reprices
+
+
+def test_repricing_backs_off_while_the_stale_price_was_right():
+    """When the re-priced state costs what it was priced at, the policy returns to the state it left and the next
+    re-pricing waits twice as long, up to REPRICE[1]: a re-pricing costs ``settle + REPRICE[2]`` verifies in the
+    worse state, so few verifies go to it."""
+    worth = {3: 1.0, 7: 2.0}  # 7 far better at these cycles
+    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0))
+    step(3 * policy.update_interval)  # 3 priced at its true cycle, then left for 7
+    assert policy.current == 7 and policy.costs.counted(3, 1)
+    starts, elsewhere = [], 0
+    for i in range(16 * REPRICE[0]):
+        before = policy.reprices
+        step(1)
+        elsewhere += policy.current != 7
+        if policy.reprices != before:
+            starts.append(i)
+    waits = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert policy.current == 7 and len(starts) >= 4, starts
+    own = policy.settle + REPRICE[2]
+    expected = [min(2 ** (i + 1) * REPRICE[0], REPRICE[1]) + own for i in range(len(waits))]
+    assert all(0 <= w - e <= 2 * policy.update_interval for w, e in zip(waits, expected, strict=True)), waits
+    assert elsewhere <= len(starts) * (own + policy.update_interval), elsewhere
+
+
+def test_a_repricing_goes_through_the_ranks_agreement_and_forgets_the_price():
+    """Under tensor parallelism the re-priced state is rank 0's choice (staleness counts verifies, which every rank
+    sees alike, so every rank re-prices at the same verify); rank 0 keeping the state in force re-prices nothing.
+    The re-priced state's price is forgotten: its next cycles set it, as a state never counted there."""
+    calls = []
+    worth = {3: 1.0, 7: 2.0}
+    now = [0.0]
+    policy = CostAwarePolicy([3, 7], 7, update_interval=8, settle=2, clock=lambda: now[0],
+                             agree=lambda steps: calls.append(steps) or steps)
+    policy.set_costs(CycleCost({(3, 1): 0.30, (7, 1): 0.54}))
+    policy.expected_tokens = worth.get
+    policy._in_force_at[3, 1] = 0
+    for wall in (4.0, 4.0, 4.0):
+        policy.costs.observe_cycle(3, 1, wall)
+    while policy.reprices == 0:
+        now[0] += 3e-3
+        policy.get_steps_for_batch(1)
+        policy.on_verify_complete([0], 1)
+    assert policy.current == 3 and calls[-1] == 3 and (3, 1) not in policy.costs.rest
+    assert policy.costs.cost(3, 1) == pytest.approx(0.30 + policy.costs.rest[7, 1])  # borrowed until counted again
+    held = CostAwarePolicy([3, 7], 7, update_interval=8, settle=2, agree=lambda steps: 7)  # rank 0 says: stay
+    held.set_costs(CycleCost({(3, 1): 0.30, (7, 1): 0.54}))
+    held.expected_tokens = worth.get
+    held._in_force_at[3, 1] = 0
+    for _ in range(REPRICE[0] + 2 * held.update_interval):
+        held.on_verify_complete([0], 1)
+    assert held.current == 7 and held.reprices == 0
+
+
+def test_forget_learns_a_price_again_from_the_next_cycles():
+    c = CycleCost({(3, 1): 0.3, (7, 1): 0.5})
+    for wall in (4.0, 4.1, 3.9, 4.0):
+        c.observe_cycle(3, 1, wall)
+    for wall in (3.0, 3.0, 3.0):
+        c.observe_cycle(7, 1, wall)
+    c.forget(3, 1)
+    assert not c.counted(3, 1) and c.cost(3, 1) == pytest.approx(0.3 + 2.5)  # borrowed: 7's rest
+    for wall in (2.5, 2.4, 2.6):
+        c.observe_cycle(3, 1, wall)
+    assert c.cost(3, 1) == pytest.approx(2.5)  # the lower median of the new cycles, not an EMA of the old
+
+
+def test_a_repricing_measures_and_does_not_move_across_a_near_tie():
+    """A re-priced state that turns out worth less than ``1 + margin`` times the state it left does not stay in force,
+    even as the best by a little: else a near tie would drift to whichever state was re-priced last (bench.policy_sim's
+    tiny-pair traffic, re-pricing every 256 verifies without this rule: 296 / 779 / 650 steps at 3 / 5 / 7 instead
+    of 1678 at 5)."""
+    worth = {3: 1.0, 7: 2.0}
+    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0))
+    step(3 * policy.update_interval)
+    assert policy.current == 7
+    worth[3] = 2.0 * 2.5 / 3.05 * 1.03  # at their cycles, 3 is worth 1.03x 7: within the margin
+    while policy.reprices == 0:
+        step(1)
+    assert policy.current == 3
+    step(policy.settle + REPRICE[2])
+    assert policy.current == 7 and policy.best(1) == 3 and policy._reprice_every == 2 * REPRICE[0]
