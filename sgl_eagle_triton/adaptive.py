@@ -43,11 +43,11 @@ A state's price is learnt while it is in force and kept while another state runs
 then held the chain of 7 for 2444 steps, 0.95x the static chain of 3's tokens per second) would hold for good. Every
 state's price at a batch bucket has an age: the counted verifies since it was last in force there. After
 ``REPRICE[0]`` verifies in which a candidate's price there has aged that long, the policy re-prices it at a decision
-that keeps the drafting state in force: the stale drafting candidate of best value goes in force with its price
+that keeps a drafting state in force: the stale candidate of best value (steps 0 included: a server priced it at 2.30 ms
+beyond its graph from its first steps, against a 1.6-1.8 ms whole step) goes in force with its price
 forgotten (:meth:`CycleCost.forget`: its next cycles set it again) for ``REPRICE[2]`` counted verifies, then the
 state it left returns unless another is worth ``1 + margin`` times it; a return doubles the wait (up to
-``REPRICE[1]``), any other outcome resets it. Steps 0 is not re-priced (its own probe leaves it; a drafting state's
-acceptance is learnt only while drafting). ``python -m bench.policy_sim --reprice`` weighs it against none.
+``REPRICE[1]``), any other outcome resets it. ``python -m bench.policy_sim --reprice`` weighs it against none.
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -536,7 +536,7 @@ class CostAwarePolicy:
         ``_reprice_every`` or more counted verifies ago (never-run candidates are priced by borrowing, not stale).
         The same on every rank: it counts verifies, not cycles."""
         bucket = self.costs.bucket(batch_size)
-        return [s for s in self.candidate_steps if s not in (0, self.current) and (s, bucket) in self._in_force_at
+        return [s for s in self.candidate_steps if s != self.current and (s, bucket) in self._in_force_at
                 and self._verifies - self._in_force_at[s, bucket] >= self._reprice_every]
 
     def _end_repricing(self, batch_size: int) -> int | None:

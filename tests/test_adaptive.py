@@ -817,3 +817,24 @@ def test_a_repricing_measures_and_does_not_move_across_a_near_tie():
     assert policy.current == 3
     step(policy.settle + REPRICE[2])
     assert policy.current == 7 and policy.best(1) == 3 and policy._reprice_every == 2 * REPRICE[0]
+
+
+def test_steps_0_priced_from_slow_first_steps_is_re_priced_too():
+    """Steps 0 priced from a server's slow first steps (one H200: 2.30 ms beyond its graph against a 1.6-1.8 ms whole
+    step) would keep a drafting state that commits too little for its cycle; re-priced, steps 0 holds."""
+    for reprice in (None, REPRICE):
+        now = [0.0]
+        policy = CostAwarePolicy([0, 3], 0, update_interval=8, settle=2, clock=lambda now=now: now[0],
+                                 reprice=reprice)
+        policy.set_costs(CycleCost({(0, 1): 0.13, (3, 1): 0.30}))
+        worth = {0: 1.0, 3: 2.2}
+        policy.expected_tokens = worth.get
+        for i in range(40 + REPRICE[0] + 4 * policy.update_interval):
+            if i == 40:
+                worth[3] = 1.3  # 3 at 2.5 ms now worth 0.52 tokens a ms, steps 0 at 1.7 ms 0.59 (its old price: 0.26)
+            steps = policy.get_steps_for_batch(1)
+            now[0] += (3.8 if i < 30 else {0: 1.7, 3: 2.5}[steps]) / 1e3
+            policy.on_verify_complete([0], 1)
+            if i == 39:
+                assert policy.current == 3
+        assert policy.current == (3 if reprice is None else 0), (reprice, policy.report())
