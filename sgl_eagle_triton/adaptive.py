@@ -487,6 +487,8 @@ class CostAwarePolicy:
                   and self._verifies >= self.update_interval):
                 if self.trees:
                     self._refresh_trees()  # the tokens counted so far belong to the state in force
+                if self._repricing is not None:  # a re-pricing at another size ends: this size decides afresh
+                    self._repricing, self._probing = None, False
                 # no hysteresis for a state chosen for other sizes only: it has no claim here
                 self._decide(batch_size, margin=self.margin if bucket in self._affirmed else 0.0)
             # after a dropped pause the GPU had drained: the next interval is host time alone, not a cycle either

@@ -692,14 +692,14 @@ def test_a_probe_that_drafts_a_little_longer_then_returns_still_doubles_the_wait
     assert policy._probe_every == PROBE[0]
 
 
-def stale_price_server(reprice, worth, cycles_ms, early=(30, 3.8)):
+def stale_price_server(reprice, worth, cycles_ms, early=(30, 3.8), replay=None):
     """A batch-1 policy over chains of 3 and 7 (host-bound graphs shaped like the tiny pair's) with expected tokens
     ``worth`` (a dict, changed by the caller as it goes) and wall-clock cycles ``cycles_ms`` per state, the server's
     first ``early[0]`` cycles ``early[1]`` ms whatever the state (its first requests); returns the policy and a
     ``step(n)`` that runs n decode steps (announce, cycle, verify)."""
     now = [0.0]
     policy = CostAwarePolicy([3, 7], 3, update_interval=8, settle=2, clock=lambda: now[0], reprice=reprice)
-    policy.set_costs(CycleCost({(3, 1): 0.30, (7, 1): 0.54}))
+    policy.set_costs(CycleCost(replay or {(3, 1): 0.30, (7, 1): 0.54}))
     policy.expected_tokens = worth.get
     done = [0]
 
@@ -838,3 +838,19 @@ def test_steps_0_priced_from_slow_first_steps_is_re_priced_too():
             if i == 39:
                 assert policy.current == 3
         assert policy.current == (3 if reprice is None else 0), (reprice, policy.report())
+
+
+def test_a_batch_size_change_ends_a_repricing():
+    """A re-pricing is a measurement at one batch size: when the batch pads to another size before it decides, that
+    size decides at once, as at any batch-size change, and nothing of the re-pricing is left to decide later."""
+    worth = {3: 1.0, 7: 2.0}
+    replay = {(3, 1): 0.30, (7, 1): 0.54, (3, 16): 0.5, (7, 16): 0.9}
+    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0), replay=replay)
+    step(3 * policy.update_interval)
+    while policy.reprices == 0:
+        step(1)
+    assert policy.current == 3 and policy._repricing == (3, 7)
+    for _ in range(policy.settle + 2):  # before the re-pricing's own decision (settle + REPRICE[2] verifies)
+        policy.get_steps_for_batch(16)
+        policy.on_verify_complete([0] * 16, 16)
+    assert policy._repricing is None and not policy._probing and policy._decided_at == 16
