@@ -47,7 +47,8 @@ that keeps a drafting state in force: the stale candidate of best value (steps 0
 beyond its graph from its first steps, against a 1.6-1.8 ms whole step) goes in force with its price
 forgotten (:meth:`CycleCost.forget`: its next cycles set it again) for ``REPRICE[2]`` counted verifies, then the
 state it left returns unless another is worth ``1 + margin`` times it; a return doubles the wait (up to
-``REPRICE[1]``), any other outcome resets it. ``python -m bench.policy_sim --reprice`` weighs it against none.
+``REPRICE[1]``), any other outcome resets it; a batch-size decision first ends it. Steps 0's probe forgets a price as
+stale as that of the state it probes. ``python -m bench.policy_sim --reprice`` weighs it against none.
 
 Under tensor parallelism every rank keeps the policy and sees the same verifies, but times its own cycles: at each
 decision the ranks adopt rank 0's choice (``agree``, a broadcast over SGLang's TP CPU group), so all run one shape.
@@ -352,10 +353,11 @@ class CycleCost:
 
     def forget(self, steps: int, batch_size: int) -> None:
         """The state's price at the batch's bucket is learnt again from its next cycles (the lower median of the first
-        :attr:`first`, then the EMA): until two arrive it is priced as a state never counted there."""
+        :attr:`first`, then the EMA): until :attr:`first` arrive it is priced as a state not yet counted there (a
+        drafting state borrows; steps 0 keeps its old rest until its first new cycle), and its spread starts over."""
         key = (steps, self.bucket(batch_size))
         self._early.pop(key, None)
-        self.rest.pop(key, None)
+        self._recent.pop(key, None)
 
     def spread(self) -> dict[tuple[int, int], tuple[float, float, int]]:
         """Per (steps, bucket): the least and the largest of the last :data:`RECENT` rests counted there (ms outside
@@ -428,7 +430,8 @@ class CostAwarePolicy:
         self.reprice = reprice
         self._reprice_every = reprice[0] if reprice else 0
         self._in_force_at: dict[tuple[int, int], int] = {}  # (steps, bucket) -> counted verifies when last in force
-        self._repricing: tuple[int, int] | None = None  # (the state re-priced, the state it left) until it decides
+        # (the state re-priced, the state it left, the bucket it was re-priced at) until it decides
+        self._repricing: tuple[int, int, int] | None = None
         self.reprices = 0
         # agree(steps) -> the step count every rank adopts (rank 0's), called at every decision on every rank
         self.agree = agree
@@ -546,8 +549,10 @@ class CostAwarePolicy:
         ``1 + margin`` times the state the re-pricing left, which is put back in force otherwise (a near tie would
         else drift to whichever state was re-priced last). Back where it came from, the re-pricing did not pay: the
         next one waits twice as long; any other outcome resets the wait. Returns the state put in force, else None."""
-        trial, left = self._repricing
+        trial, left, bucket = self._repricing
         self._repricing = None
+        if self.costs.bucket(batch_size) != bucket:  # the batch moved on within its last verifies: an ordinary decision
+            return self._decide(batch_size)
         best = self.best(batch_size)
         if self.value(best, batch_size) <= (1 + self.margin) * self.value(left, batch_size):
             best = left
@@ -571,13 +576,14 @@ class CostAwarePolicy:
         if choice == self.current:
             return None
         left, bucket = self.current, self.costs.bucket(batch_size)
+        age = self._verifies - self._in_force_at[choice, bucket]
         self.costs.forget(choice, batch_size)
         self._in_force_at[choice, bucket] = self._verifies
         self.reprices += 1
         logger.info("EAGLE_TRITON adaptive: re-pricing steps %d at batch %d (its price last learnt %d verifies ago)",
-                    choice, batch_size, self._reprice_every)
+                    choice, batch_size, age)
         self._switch(choice, bucket)
-        self._probing, self._trial, self._repricing = True, self.reprice[2], (choice, left)
+        self._probing, self._trial, self._repricing = True, self.reprice[2], (choice, left, bucket)
         return choice
 
     def _start_probe(self, batch_size: int) -> int | None:
@@ -593,6 +599,10 @@ class CostAwarePolicy:
         choice = max(drafting, key=lambda s: self.value(s, batch_size))
         if self.agree is not None:  # rank 0 probes at this verify too: its choice is a drafting state as well
             choice = self.agree(choice)
+        bucket = self.costs.bucket(batch_size)
+        age = self._verifies - self._in_force_at.get((choice, bucket), self._verifies)
+        if self.reprice and age >= self._reprice_every:  # its price is as stale as a re-pricing's: learnt again
+            self.costs.forget(choice, batch_size)
         self.probes += 1
         logger.info("EAGLE_TRITON adaptive: probing steps %d at batch %d after %d verifies at steps 0",
                     choice, batch_size, self._probe_every)

@@ -778,7 +778,7 @@ def test_a_repricing_goes_through_the_ranks_agreement_and_forgets_the_price():
         now[0] += 3e-3
         policy.get_steps_for_batch(1)
         policy.on_verify_complete([0], 1)
-    assert policy.current == 3 and calls[-1] == 3 and (3, 1) not in policy.costs.rest
+    assert policy.current == 3 and calls[-1] == 3 and not policy.costs.counted(3, 1)
     assert policy.costs.cost(3, 1) == pytest.approx(0.30 + policy.costs.rest[7, 1])  # borrowed until counted again
     held = CostAwarePolicy([3, 7], 7, update_interval=8, settle=2, agree=lambda steps: 7)  # rank 0 says: stay
     held.set_costs(CycleCost({(3, 1): 0.30, (7, 1): 0.54}))
@@ -849,8 +849,95 @@ def test_a_batch_size_change_ends_a_repricing():
     step(3 * policy.update_interval)
     while policy.reprices == 0:
         step(1)
-    assert policy.current == 3 and policy._repricing == (3, 7)
+    assert policy.current == 3 and policy._repricing == (3, 7, 1)
     for _ in range(policy.settle + 2):  # before the re-pricing's own decision (settle + REPRICE[2] verifies)
         policy.get_steps_for_batch(16)
         policy.on_verify_complete([0] * 16, 16)
     assert policy._repricing is None and not policy._probing and policy._decided_at == 16
+
+
+def test_tensor_parallel_ranks_call_the_agreement_alike_through_probes_and_repricings():
+    """Every rank sees the same verifies and batches but times its own cycles: the agreement (a broadcast) must be
+    called at the same verifies on every rank, or the server hangs. Two ranks with differently noisy clocks, in
+    lockstep, rank 1 adopting rank 0's broadcasts in order, through batch-size changes, steps 0, probes and
+    re-pricings: the same calls, the same state in force. Can fail: a re-pricing's end that skips the agreement where
+    a rank would return to the state it left desynchronises them (caught). A condition on a rank's own timing before
+    the agreement is only caught if it diverges in these 9000 steps."""
+    replay = {(s, bs): 0.1 + 0.03 * s + 0.01 * bs for s in (0, 1, 3, 7) for bs in (1, 16)}
+    broadcasts, calls = [], [0, 0]
+
+    def agree(rank):
+        def call(steps):
+            calls[rank] += 1
+            if rank == 0:
+                broadcasts.append(steps)
+                return steps
+            assert calls[1] <= len(broadcasts), "rank 1 called the agreement where rank 0 did not"
+            return broadcasts[calls[1] - 1]
+        return call
+
+    clocks, policies = [], []
+    for rank in (0, 1):
+        now = [0.0]
+        clocks.append(now)
+        policy = CostAwarePolicy([0, 1, 3, 7], 3, clock=lambda now=now: now[0], agree=agree(rank))
+        policy.set_costs(CycleCost(replay))
+        policies.append(policy)
+    rng, noise = random.Random(5), [random.Random(11), random.Random(12)]
+    rates, bs = [0.7] * 7, 1
+    for step in range(9000):
+        if step % 700 == 0:
+            bs = rng.choice([1, 2, 16])
+            rates = [rng.choice([0.05, 0.5, 0.9])] * 7
+        steps_now = [p.get_steps_for_batch(bs) for p in policies]
+        assert steps_now[0] == steps_now[1], step
+        if rng.random() < 0.01:
+            for p in policies:
+                p.forget_last_step()
+        accepted = chain_verifies(rates, steps_now[0], bs, rng)
+        for rank, p in enumerate(policies):
+            pause = 20.0 if noise[rank].random() < 0.05 else 0.0  # a cycle only this rank drops as a pause
+            clocks[rank][0] += ((1.5 + 0.3 * steps_now[0]) * noise[rank].lognormvariate(0, 0.3) + pause) / 1e3
+            p.on_verify_complete(accepted, bs)
+        assert calls[0] == calls[1] and policies[0].current == policies[1].current, step
+    assert policies[0].reprices > 0 and policies[0].probes > 0 and policies[0].switches > 20
+
+
+def test_a_repricing_ending_at_another_batch_size_is_an_ordinary_decision():
+    """The batch moved to another bucket within the re-pricing's last verify (no batch-size decision yet): the end is
+    an ordinary decision there, and the wait before the next re-pricing is left as it was (nothing was measured at
+    the new size)."""
+    worth = {3: 1.0, 7: 2.0}
+    replay = {(3, 1): 0.30, (7, 1): 0.54, (3, 16): 0.5, (7, 16): 0.9}
+    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0), replay=replay)
+    step(3 * policy.update_interval)
+    while policy.reprices == 0:
+        step(1)
+    for _ in range(policy.settle + REPRICE[2] - 1):
+        step(1)
+    assert policy._repricing is not None
+    policy.get_steps_for_batch(16)
+    policy.on_verify_complete([0] * 16, 16)
+    assert policy._repricing is None and policy._reprice_every == REPRICE[0] and policy._decided_at == 16
+
+
+def test_a_probe_relearns_a_stale_price_and_steps_0_keeps_its_own_until_a_new_cycle():
+    """Steps 0's probe puts a drafting state in force as a re-pricing would: a stale price of it is forgotten too (a
+    drafting price learnt from slow first cycles is then not carried through every probe). Forgotten, steps 0 (which
+    borrows from no drafting state) keeps its old rest until its first new cycle, not 0 (its graph alone)."""
+    policy, verify = make_policy([0.02] * 7, probe=PROBE)
+    policy.set_costs(CycleCost(HOST_BOUND))
+    for wall in (9.0, 9.0, 9.0):
+        policy.costs.observe_cycle(7, 1, wall)
+    policy._in_force_at[7, 1] = -10 * REPRICE[0]
+    policy.expected_tokens = {0: 1.0, 1: 0.1, 3: 0.1, 7: 3.0}.get
+    policy.current, policy._off_verifies = 0, PROBE[0]
+    policy._start_probe(1)
+    assert policy.current == 7 and not policy.costs.counted(7, 1)
+    c = CycleCost({(0, 1): 0.1, (7, 1): 0.5})
+    for wall in (2.0, 2.0, 2.0):
+        c.observe_cycle(0, 1, wall)
+    c.forget(0, 1)
+    assert c.cost(0, 1) == pytest.approx(2.0)
+    c.observe_cycle(0, 1, 1.5)
+    assert c.cost(0, 1) == pytest.approx(1.5)
