@@ -378,7 +378,47 @@ def report(rows: list[dict]) -> str:
             gap = f"{r['longest_gap_ms']:.0f}" if "longest_gap_ms" in r else "-"  # older rows have none
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
-    return "\n".join(lines) + "\n" + paired_table(by_batch) + arms_section(rows)
+    return "\n".join(lines) + "\n" + targets_table(by_batch) + paired_table(by_batch) + arms_section(rows)
+
+
+# the issue's targets (docs/off-step-design.md): (title, system, what it is measured against, floor)
+TARGETS = (("cost / no-spec", "eagle_triton_cost", "nospec", 1.0),
+           ("cost / best static", "eagle_triton_cost", "static", 0.97),
+           ("steps 0 / no-spec", "eagle_triton_off_plain", "nospec", 0.97))
+
+
+def targets_table(by_batch: dict) -> str:
+    """Markdown: per batch, the run-by-run geometric mean and 90 % interval of each of :data:`TARGETS` among
+    interleaved rows of one card and sweep (``static``: the static EAGLE_TRITON shape of most tok/s at that batch),
+    marked against its floor: ``met`` (the mean at or above it), ``below`` (the interval under it), else
+    ``unresolved``. "" where no target's systems ran together."""
+    lines = []
+    for (batch, _), group in sorted(by_batch.items()):
+        cells, found = [], False
+        for _, system, against, floor in TARGETS:
+            mine = next((r for r in group if r["system"] == system), None)
+            if against == "static":
+                static = [o for o in group if o["system"] == "eagle_triton" and o.get("steps")]
+                other = max(static, key=lambda o: o["tok_per_s"], default=None)
+            else:
+                other = next((o for o in group if o["system"] == against), None)
+            p = (paired_ratio(mine.get("runs", []), other.get("runs", []))
+                 if mine and other and card(mine) == card(other) and mine.get("session") == other.get("session")
+                 else None)
+            if p is None:
+                cells.append("-")
+                continue
+            found = True
+            verdict = "met" if p["geomean"] >= floor else "below" if p["high"] < floor else "unresolved"
+            cells.append(f"{p['geomean']:.2f} ({p['low']:.2f}-{p['high']:.2f}) {verdict}")
+        if found:
+            lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    head = " | ".join(f"{title} (floor {floor})" for title, _, _, floor in TARGETS)
+    intro = ("The issue's targets, run by run (geometric mean, 90 % interval; met: the mean at or above the floor, "
+             "below: the interval under it):")
+    return "\n".join(["", intro, "", f"| batch | {head} |", "|---|" + "---|" * len(TARGETS), *lines, ""])
 
 
 def arms_section(rows: list[dict]) -> str:
