@@ -104,11 +104,14 @@ class DepthAcceptance:
         if steps <= 0 or not correct_per_req:
             return
         self.fade(self.decay)
+        counts = [0] * (steps + 1)  # requests by accepted drafts (a histogram: one pass over the batch, not bs x steps)
         for k in correct_per_req:
-            k = min(max(int(k), 0), steps)
-            for d in range(1, min(k + 1, steps) + 1):
-                self.tried[d] += 1
-                self.passed[d] += d <= k
+            counts[min(max(int(k), 0), steps)] += 1
+        passed = 0  # requests that accepted at least d drafts
+        for d in range(steps, 0, -1):
+            passed += counts[d]
+            self.tried[d] += passed + counts[d - 1]  # depth d was drafted and reached: d - 1 or more accepted
+            self.passed[d] += passed
 
     def fade(self, factor: float) -> None:
         """Multiplies the counts so far by ``factor``: older evidence weighs less against the prior."""
@@ -306,6 +309,7 @@ class CycleCost:
         self.replay = dict(replay)
         self.cap_by_deeper = cap_by_deeper  # rest_ms; False: each state's own rest alone (bench.policy_sim's A/B)
         self.sizes = sorted({bs for _, bs in replay})
+        self._buckets: dict[int, int] = {}  # batch size -> bucket (bucket)
         self.alpha, self.first = alpha, first
         self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
         self._early: dict[tuple[int, int], list[float]] = {}  # a state's first samples at a bucket
@@ -317,8 +321,11 @@ class CycleCost:
 
     def bucket(self, batch_size: int) -> int:
         """The captured batch size a batch pads to (the largest when beyond)."""
-        i = bisect.bisect_left(self.sizes, batch_size)
-        return self.sizes[min(i, len(self.sizes) - 1)]
+        bucket = self._buckets.get(batch_size)
+        if bucket is None:  # asked several times a step: each batch size's bucket found once
+            i = bisect.bisect_left(self.sizes, batch_size)
+            bucket = self._buckets[batch_size] = self.sizes[min(i, len(self.sizes) - 1)]
+        return bucket
 
     def graphs_ms(self, steps: int, batch_size: int) -> float:
         bucket = self.bucket(batch_size)

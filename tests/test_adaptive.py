@@ -941,3 +941,22 @@ def test_a_probe_relearns_a_stale_price_and_steps_0_keeps_its_own_until_a_new_cy
     assert c.cost(0, 1) == pytest.approx(2.0)
     c.observe_cycle(0, 1, 1.5)
     assert c.cost(0, 1) == pytest.approx(1.5)
+
+
+def test_depth_counts_match_request_by_request_counting():
+    """DepthAcceptance.observe counts by a histogram of the batch's accepted drafts: the same tried / passed counts as
+    walking each request's chain depth by depth (a request that accepted k of s drafts reached depths 1..min(k + 1,
+    s) and passed 1..k), on random batches with out-of-range counts clamped."""
+    rng = random.Random(7)
+    fast = DepthAcceptance(7, decay=1.0)
+    tried, passed = [0.0] * 8, [0.0] * 8
+    for _ in range(300):
+        steps = rng.choice([1, 3, 5, 7])
+        ks = [rng.randint(-1, steps + 1) for _ in range(rng.choice([1, 2, 16, 64]))]
+        fast.observe(steps, ks)
+        for k in ks:
+            k = min(max(k, 0), steps)
+            for d in range(1, min(k + 1, steps) + 1):
+                tried[d] += 1
+                passed[d] += d <= k
+    assert fast.tried == tried and fast.passed == passed
