@@ -840,15 +840,21 @@ def test_steps_0_priced_from_slow_first_steps_is_re_priced_too():
         assert policy.current == (3 if reprice is None else 0), (reprice, policy.report())
 
 
-def test_a_batch_size_change_ends_a_repricing():
-    """A re-pricing is a measurement at one batch size: when the batch pads to another size before it decides, that
-    size decides at once, as at any batch-size change, and nothing of the re-pricing is left to decide later."""
-    worth = {3: 1.0, 7: 2.0}
+def repricing_at_batch_1():
+    """A batch-1 policy over chains of 3 and 7 (graphs captured at 1 and 16) whose first re-pricing (of 3, 7 being
+    worth twice as much) has just begun; returns it and its ``step(n)``."""
     replay = {(3, 1): 0.30, (7, 1): 0.54, (3, 16): 0.5, (7, 16): 0.9}
-    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0), replay=replay)
+    policy, step = stale_price_server(REPRICE, {3: 1.0, 7: 2.0}, {3: 2.5, 7: 3.05}, early=(0, 0.0), replay=replay)
     step(3 * policy.update_interval)
     while policy.reprices == 0:
         step(1)
+    return policy, step
+
+
+def test_a_batch_size_change_ends_a_repricing():
+    """A re-pricing is a measurement at one batch size: when the batch pads to another size before it decides, that
+    size decides at once, as at any batch-size change, and nothing of the re-pricing is left to decide later."""
+    policy, step = repricing_at_batch_1()
     assert policy.current == 3 and policy._repricing == (3, 7, 1)
     for _ in range(policy.settle + 2):  # before the re-pricing's own decision (settle + REPRICE[2] verifies)
         policy.get_steps_for_batch(16)
@@ -907,12 +913,7 @@ def test_a_repricing_ending_at_another_batch_size_is_an_ordinary_decision():
     """The batch moved to another bucket within the re-pricing's last verify (no batch-size decision yet): the end is
     an ordinary decision there, and the wait before the next re-pricing is left as it was (nothing was measured at
     the new size)."""
-    worth = {3: 1.0, 7: 2.0}
-    replay = {(3, 1): 0.30, (7, 1): 0.54, (3, 16): 0.5, (7, 16): 0.9}
-    policy, step = stale_price_server(REPRICE, worth, {3: 2.5, 7: 3.05}, early=(0, 0.0), replay=replay)
-    step(3 * policy.update_interval)
-    while policy.reprices == 0:
-        step(1)
+    policy, step = repricing_at_batch_1()
     for _ in range(policy.settle + REPRICE[2] - 1):
         step(1)
     assert policy._repricing is not None
