@@ -583,7 +583,7 @@ class CostAwarePolicy:
         if choice == self.current:
             return None
         left, bucket = self.current, self.costs.bucket(batch_size)
-        age = self._verifies - self._in_force_at[choice, bucket]
+        age = self._verifies - self._in_force_at.get((choice, bucket), self._verifies)
         self.costs.forget(choice, batch_size)
         self._in_force_at[choice, bucket] = self._verifies
         self.reprices += 1
