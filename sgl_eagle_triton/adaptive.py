@@ -549,30 +549,25 @@ class CostAwarePolicy:
         The same on every rank: it counts verifies, not cycles."""
         bucket = self.costs.bucket(batch_size)
         return [s for s in self.candidate_steps if s != self.current and (s, bucket) in self._in_force_at
-                and self._verifies - self._in_force_at[s, bucket] >= self._reprice_every]
+                and self._price_age(s, bucket) >= self._reprice_every]
+
+    def _price_age(self, steps: int, bucket: int) -> int:
+        """Counted verifies since ``steps`` was last in force at ``bucket`` (0 if never)."""
+        return self._verifies - self._in_force_at.get((steps, bucket), self._verifies)
 
     def _end_repricing(self, batch_size: int) -> int | None:
         """A re-pricing measures, it does not move: the best candidate stays in force only if it is worth
         ``1 + margin`` times the state the re-pricing left, which is put back in force otherwise (a near tie would
         else drift to whichever state was re-priced last). Back where it came from, the re-pricing did not pay: the
         next one waits twice as long; any other outcome resets the wait. Returns the state put in force, else None."""
-        trial, left, bucket = self._repricing
+        _, left, bucket = self._repricing
         self._repricing = None
         if self.costs.bucket(batch_size) != bucket:  # the batch moved on within its last verifies: an ordinary decision
             return self._decide(batch_size)
-        best = self.best(batch_size)
-        if self.value(best, batch_size) <= (1 + self.margin) * self.value(left, batch_size):
-            best = left
-        if self.agree is not None:
-            best = self.agree(best)
-        back = best == left
+        switched = self._decide(batch_size, base=left)
+        back = self.current == left
         self._reprice_every = min(2 * self._reprice_every, self.reprice[1]) if back else self.reprice[0]
-        self._decided_at = bucket = self.costs.bucket(batch_size)
-        if best == self.current:
-            self._affirmed.add(bucket)
-            return None
-        self._switch(best, bucket)
-        return best
+        return switched
 
     def _start_reprice(self, batch_size: int, stale: list[int]) -> int | None:
         """Puts the stale candidate of best value (rank 0's under tensor parallelism) in force with its price at the
@@ -583,7 +578,7 @@ class CostAwarePolicy:
         if choice == self.current:
             return None
         left, bucket = self.current, self.costs.bucket(batch_size)
-        age = self._verifies - self._in_force_at.get((choice, bucket), self._verifies)
+        age = self._price_age(choice, bucket)
         self.costs.forget(choice, batch_size)
         self._in_force_at[choice, bucket] = self._verifies
         self.reprices += 1
@@ -607,26 +602,27 @@ class CostAwarePolicy:
         if self.agree is not None:  # rank 0 probes at this verify too: its choice is a drafting state as well
             choice = self.agree(choice)
         bucket = self.costs.bucket(batch_size)
-        age = self._verifies - self._in_force_at.get((choice, bucket), self._verifies)
-        if self.reprice and age >= self._reprice_every:  # its price is as stale as a re-pricing's: learnt again
-            self.costs.forget(choice, batch_size)
+        if self.reprice and self._price_age(choice, bucket) >= self._reprice_every:  # as stale as a re-pricing's
+            self.costs.forget(choice, batch_size)  # its price learnt again
         self.probes += 1
         logger.info("EAGLE_TRITON adaptive: probing steps %d at batch %d after %d verifies at steps 0",
                     choice, batch_size, self._probe_every)
-        self._switch(choice, self.costs.bucket(batch_size))
+        self._switch(choice, bucket)
         self._probing, self._trial = True, self.probe[2]
         return choice
 
     # -- the decision --------------------------------------------------------------------------------------------
 
-    def _decide(self, batch_size: int, margin: float | None = None) -> int | None:
+    def _decide(self, batch_size: int, margin: float | None = None, base: int | None = None) -> int | None:
         """Puts the best candidate at ``batch_size`` in force if it is worth ``1 + margin`` (default ``self.margin``)
-        times the current one (every rank adopting rank 0's choice); returns it when it switched, else None."""
+        times ``base`` (default: the current one), else ``base`` (every rank adopting rank 0's choice); returns the
+        state put in force when it switched, else None."""
         self._decided_at = bucket = self.costs.bucket(batch_size)
         margin = self.margin if margin is None else margin
+        base = self.current if base is None else base
         best = self.best(batch_size)
-        if best == self.current or self.value(best, batch_size) <= (1 + margin) * self.value(self.current, batch_size):
-            best = self.current
+        if best == base or self.value(best, batch_size) <= (1 + margin) * self.value(base, batch_size):
+            best = base
         if self.agree is not None:
             best = self.agree(best)
         if best == self.current:
