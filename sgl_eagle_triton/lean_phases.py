@@ -250,13 +250,10 @@ class LeanStarts:
                   for s, (draft, target) in runners.items()}
         captured = {shape: sizes for shape, sizes in shapes.items() if sizes}
         tic = time.perf_counter()
-        if captured and not settings(self.server_args).disable_cuda_graph:
-            try:
-                dw.capture_lean_draft(captured)
-            except torch.cuda.OutOfMemoryError as error:  # by default SGLang's draft phase, its graphs captured
-                dw._lean_graphs = None
-                self._decline_lean_draft(mode, f"capturing its drafter graphs ran out of GPU memory ({error})")
-                return
+        if (captured and not settings(self.server_args).disable_cuda_graph
+                and not self._captured(lambda: dw.capture_lean_draft(captured), "_lean_graphs", "its drafter graphs",
+                                       self._decline_lean_draft, mode)):
+            return
         dw.lean = self.lean_draft_on = True
         logger.info("%s: the draft phase runs without SGLang's prepare_for_draft (%s): drafter graphs of %d "
                     "shape(s) captured in %.1f s", ALGORITHM_NAME,
@@ -291,13 +288,9 @@ class LeanStarts:
         tic, free = time.perf_counter(), _free_gpu_bytes()
         if not sizes or settings(self.server_args).disable_cuda_graph:
             sizes = {}
-        else:
-            try:
-                dw.capture_lean_extend(sizes)
-            except torch.cuda.OutOfMemoryError as error:  # by default SGLang's draft extend, its graphs captured
-                dw._extend_graphs = None
-                self._decline_lean_extend(mode, f"capturing its graphs ran out of GPU memory ({error})")
-                return
+        elif not self._captured(lambda: dw.capture_lean_extend(sizes), "_extend_graphs", "its graphs",
+                                self._decline_lean_extend, mode):
+            return
         dw.compile_lean_extend(sorted(set(states) - set(sizes)))  # the counts run eagerly: compiled first
         dw.publish_read_done = self._publish_read_done
         dw.lean_extend_on = self.lean_extend_on = True
@@ -305,6 +298,18 @@ class LeanStarts:
                     "tokens captured in %.1f s, %.0f MiB of GPU memory", ALGORITHM_NAME,
                     f"{config.LEAN_EXTEND_ENV}=1" if mode == "on" else "the default", sorted(sizes),
                     time.perf_counter() - tic, (free - _free_gpu_bytes()) / 2**20)
+
+    def _captured(self, capture, graphs: str, what: str, decline, mode: str) -> bool:
+        """``capture()`` (a lean phase's graphs); out of GPU memory, the draft worker's ``graphs`` attribute cleared
+        and ``decline(mode, why)`` (by default SGLang's phase runs, its graphs captured; under ``=1`` refused):
+        False."""
+        try:
+            capture()
+        except torch.cuda.OutOfMemoryError as error:
+            setattr(self.draft_worker, graphs, None)
+            decline(mode, f"capturing {what} ran out of GPU memory ({error})")
+            return False
+        return True
 
     def _decline_lean_draft(self, mode: str, why: str, expected: bool = False) -> None:
         """SGLang's draft phase instead of the lean one, for ``why`` (:meth:`_decline`)."""

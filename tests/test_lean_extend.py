@@ -324,3 +324,27 @@ def test_under_1_the_e2e_servers_the_lean_extend_does_not_serve_take_sglangs(mon
     assert lean_extend_env(None, served=False) == {config.LEAN_EXTEND_ENV: "0"}
     monkeypatch.delenv(config.LEAN_EXTEND_ENV)
     assert lean_extend_env(env, served=False) is env
+
+
+def test_a_lean_extend_capture_out_of_gpu_memory_declines_by_default_and_is_refused_under_1(monkeypatch):
+    """The capture of the lean extend's graphs runs out of GPU memory: by default SGLang's draft extend (its graphs
+    are there), the half-captured graphs dropped and the reason reported; under =1 the server is refused."""
+    def out_of_memory(sizes):
+        dw._extend_graphs = {"partial": sizes}
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    dw = SimpleNamespace(capture_lean_extend=out_of_memory, compile_lean_extend=lambda counts: None,
+                         lean_extend_on=False, _extend_graphs=None, publish_read_done=None,
+                         draft_runner=SimpleNamespace(canary_manager=None), seed_dsa_topk_from_draft_extend=False)
+    for value in ("1", None):
+        w = _main_worker(dw)
+        with monkeypatch.context() as patch:
+            if value:
+                patch.setenv(config.LEAN_EXTEND_ENV, value)
+                with pytest.raises(RuntimeError, match="LEAN_EXTEND=1, but capturing its graphs ran out of GPU"):
+                    w.start_lean_extend()
+            else:
+                patch.delenv(config.LEAN_EXTEND_ENV, raising=False)
+                w.start_lean_extend()
+                assert not dw.lean_extend_on and not w.lean_extend_on and "out of GPU memory" in w.lean_extend_declined
+        assert dw._extend_graphs is None and dw.publish_read_done is None
