@@ -69,8 +69,7 @@ from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
 from sgl_eagle_triton.glue.relay import mark_stub
 from sgl_eagle_triton.kernels.build_tree import build_tree_kernel_efficient
 from sgl_eagle_triton.kernels.device import CUBLAS_MIN_ROWS
-from sgl_eagle_triton.lean_phases import (  # noqa: F401 (LEAN_DRAFT, LEAN_EXTEND, EXTEND_PADS: RAN keys and pads, here too)
-    EXTEND_PADS,
+from sgl_eagle_triton.lean_phases import (  # noqa: F401 (LEAN_DRAFT, LEAN_EXTEND: RAN keys, here too)
     FUSED_DRAFTER,
     LEAN_DRAFT,
     LEAN_EXTEND,
