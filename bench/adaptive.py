@@ -402,9 +402,7 @@ def targets_table(by_batch: dict) -> str:
                 other = max(static, key=lambda o: o["tok_per_s"], default=None)
             else:
                 other = next((o for o in group if o["system"] == against), None)
-            p = (paired_ratio(mine.get("runs", []), other.get("runs", []))
-                 if mine and other and card(mine) == card(other) and mine.get("session") == other.get("session")
-                 else None)
+            p = paired_runs(mine, other) if mine and other else None
             if p is None:
                 cells.append("-")
                 continue
@@ -478,12 +476,18 @@ def paired_table(by_batch: dict) -> str:
             if not str(SYSTEMS.get(r["system"], (None, None))[1]).startswith(("cost", "off")):
                 continue
             for other in sorted(group, key=lambda o: -o["tok_per_s"]):
-                p = (paired_ratio(r.get("runs", []), other.get("runs", []))
-                     if other is not r and card(other) == card(r) and other.get("session") == r.get("session")
-                     and run_modes(other) == run_modes(r) else None)
+                p = paired_runs(r, other) if other is not r else None
                 if p:
                     lines.append(paired_line(f"{label(r)} / {label(other)}", batch, p))
     return paired_section("tok/s ratios", "systems", lines)
+
+
+def paired_runs(a: dict, b: dict) -> dict | None:
+    """Row ``a``'s tok/s over row ``b``'s run by run (:func:`bench.interleave.paired_ratio`), where both ran
+    interleaved on one card in one sweep (``session``) under the same run modes; else None."""
+    if card(a) != card(b) or a.get("session") != b.get("session") or run_modes(a) != run_modes(b):
+        return None
+    return paired_ratio(a.get("runs", []), b.get("runs", []))
 
 
 def plot(rows: list[dict], path: Path) -> None:
