@@ -17,7 +17,7 @@ from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
 from tests.test_draft_extend import HIDDEN_RTOL
 from tests.test_row_graphs import RecordedGraph, recording
-from tests.test_worker import fresh_counts  # noqa: F401 (the fixture: RAN emptied for each test)
+from tests.test_worker import check_out_of_memory, fresh_counts  # noqa: F401 (fresh_counts: the fixture)
 
 pytestmark = pytest.mark.usefixtures("fresh_counts")
 
@@ -336,15 +336,10 @@ def test_a_lean_extend_capture_out_of_gpu_memory_declines_by_default_and_is_refu
     dw = SimpleNamespace(capture_lean_extend=out_of_memory, compile_lean_extend=lambda counts: None,
                          lean_extend_on=False, _extend_graphs=None, publish_read_done=None,
                          draft_runner=SimpleNamespace(canary_manager=None), seed_dsa_topk_from_draft_extend=False)
-    for value in ("1", None):
-        w = _main_worker(dw)
-        with monkeypatch.context() as patch:
-            if value:
-                patch.setenv(config.LEAN_EXTEND_ENV, value)
-                with pytest.raises(RuntimeError, match="LEAN_EXTEND=1, but capturing its graphs ran out of GPU"):
-                    w.start_lean_extend()
-            else:
-                patch.delenv(config.LEAN_EXTEND_ENV, raising=False)
-                w.start_lean_extend()
-                assert not dw.lean_extend_on and not w.lean_extend_on and "out of GPU memory" in w.lean_extend_declined
-        assert dw._extend_graphs is None and dw.publish_read_done is None
+    workers = []
+    check_out_of_memory(monkeypatch, config.LEAN_EXTEND_ENV, lambda: workers.append(_main_worker(dw)),
+                        lambda: workers[-1].start_lean_extend(),
+                        "LEAN_EXTEND=1, but capturing its graphs ran out of GPU",
+                        lambda: not dw.lean_extend_on and not workers[-1].lean_extend_on
+                        and "out of GPU memory" in workers[-1].lean_extend_declined,
+                        after=lambda: dw._extend_graphs is None and dw.publish_read_done is None)

@@ -956,6 +956,24 @@ def test_the_lean_draft_verifies_the_fused_drafters_tree_from_the_relayed_input(
     assert graphed.draft(batch) == "stock"  # not asked for: SGLang's draft phase
 
 
+
+def check_out_of_memory(monkeypatch, env, reset, start, refused, declined, after=lambda: True) -> None:
+    """A lean phase whose capture runs out of GPU memory: under ``env=1`` ``start()`` raises a RuntimeError matching
+    ``refused``; unset, ``start()`` declines (``declined()`` holds). ``reset()`` runs before each, ``after()`` must
+    hold after each."""
+    for value in ("1", None):
+        reset()
+        with monkeypatch.context() as patch:
+            if value:
+                patch.setenv(env, value)
+                with pytest.raises(RuntimeError, match=refused):
+                    start()
+            else:
+                patch.delenv(env, raising=False)
+                start()
+                assert declined()
+        assert after()
+
 def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes_or_refuses(monkeypatch, caplog):
     """EagleTritonWorkerV2.start_lean_draft: by default and under SGLANG_EAGLE_TRITON_LEAN_DRAFT=1 (nothing under
     =0) each drafting state's drafter shape captured at its draft graphs' sizes (static: the one shape), none with
@@ -1008,17 +1026,13 @@ def test_the_lean_draft_starts_on_every_drafting_state_at_its_draft_graphs_sizes
     assert captured[-1] == {(1, 5, 4): [1, 8]}
     # a capture out of GPU memory: by default SGLang's draft phase (its graphs are there), under =1 refused
     dw.capture_lean_draft = lambda shapes: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    for value in ("1", None):
+
+    def reset():
         dw.lean, w.lean_draft_on, w.lean_draft_declined = False, False, None
-        with monkeypatch.context() as patch:
-            if value:
-                patch.setenv(config.LEAN_DRAFT_ENV, value)
-                with pytest.raises(RuntimeError, match="LEAN_DRAFT=1, but capturing its drafter graphs ran out"):
-                    w.start_lean_draft()
-            else:
-                patch.delenv(config.LEAN_DRAFT_ENV, raising=False)
-                w.start_lean_draft()
-                assert not dw.lean and not w.lean_draft_on and "out of GPU memory" in w.lean_draft_declined
+
+    check_out_of_memory(monkeypatch, config.LEAN_DRAFT_ENV, reset, lambda: w.start_lean_draft(),
+                        "LEAN_DRAFT=1, but capturing its drafter graphs ran out",
+                        lambda: not dw.lean and not w.lean_draft_on and "out of GPU memory" in w.lean_draft_declined)
     dw.capture_lean_draft, w.lean_draft_declined = captured.append, None
     w.server_args.disable_cuda_graph = True
     w.start_lean_draft()
