@@ -60,6 +60,9 @@ CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
+# Diagnostics, with CYCLE_PROFILE_ENV: a folder where every listed profile is also written whole (pstats' binary
+# format, one file per listing), for tallies across servers (python -m bench.profile_diff)
+CYCLE_PROFILE_DIR_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR"
 # Diagnostics, with CYCLE_TIMING_ENV: an A/B inside one server, a feature (AB_FEATURE_ENV) on and off alternating every
 # this many decode steps, each arm's host time logged beside the cycle timing's summaries (bench.stage_split --arms):
 # both arms share the server's host, batch and hour, so host-work differences far below the run-to-run spread of two
@@ -506,6 +509,11 @@ def _validate(sa) -> None:
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
+    if os.environ.get(CYCLE_PROFILE_DIR_ENV) and not cycle_profile_top():
+        _refuse(f"{CYCLE_PROFILE_DIR_ENV} without {CYCLE_PROFILE_ENV} (it keeps the profiles listed)",
+                f"Set {CYCLE_PROFILE_ENV}=<functions> too, or unset {CYCLE_PROFILE_DIR_ENV}.")
+    if (folder := os.environ.get(CYCLE_PROFILE_DIR_ENV)) and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        _refuse(f"{CYCLE_PROFILE_DIR_ENV}={folder!r} (not a writable folder)", "Create the folder first, or unset it.")
     if os.environ.get(PLAIN_OFF_ENV, "0") not in ("0", "1"):
         _refuse(f"{PLAIN_OFF_ENV}={os.environ[PLAIN_OFF_ENV]!r}", "Give 1 (steps 0 must be a plain decode step) or 0 "
                 "(SGLang's verify at steps 0), or unset it (a plain decode step wherever it can run).")

@@ -26,6 +26,9 @@ With ``SGLANG_EAGLE_TRITON_CYCLE_PROFILE=K`` as well, the host time inside ``for
 profiled (``cProfile``, which slows Python calls: read it as shares, not times) and every summary is followed by the
 ``K`` functions of most own time and of most cumulative time over the same steps: where a host-bound step goes
 (a host wait on the GPU shows as own time of the call that waits, e.g. ``Tensor.item``).
+With ``SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR=<folder>`` as well, every listed profile is also written whole into
+that folder (:func:`dump_profile`), so that ``python -m bench.profile_diff`` can tally two servers' calls per decode
+step function by function, callees included.
 
 The same variable times the scheduler around every server of the process, speculative or not
 (:class:`SchedulerStages`, the plugin wraps SGLang's ``Scheduler`` methods with :func:`timed_stage`): every N decode
@@ -53,12 +56,15 @@ import cProfile
 import functools
 import gc
 import io
+import itertools
 import logging
+import os
 import pstats
 import re
 import time
 from collections import deque
 
+from sgl_eagle_triton.config import CYCLE_PROFILE_DIR_ENV
 from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.hooks import tp_rank_of
 
@@ -302,12 +308,36 @@ def _enable_profiler(owner, title: str) -> bool:
 
 
 def _profile_report(profiler: cProfile.Profile, top: int, title: str) -> str:
-    """``profiler``'s ``top`` functions of most own time, then of most cumulative time (pstats' listings)."""
+    """``profiler``'s ``top`` functions of most own time, then of most cumulative time (pstats' listings); where
+    :data:`config.CYCLE_PROFILE_DIR_ENV` names a folder, the whole profile is also written there
+    (:func:`dump_profile`)."""
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
+    folder = os.environ.get(CYCLE_PROFILE_DIR_ENV)
+    if folder:
+        dump_profile(stats, folder, title)
     for order in ("tottime", "cumulative"):
         stats.sort_stats(order).print_stats(top)
     return f"{title}, by own then cumulative time:\n{text.getvalue()}"
+
+
+_DUMPS = itertools.count()
+
+
+def dump_profile(stats: pstats.Stats, folder: str, title: str) -> str | None:
+    """Write ``stats`` whole (``pstats.Stats.dump_stats``) into ``folder`` as ``<title as a name>-pid<pid>-<n>.prof``
+    (``n`` counts this process's dumps); a diagnostic never fails a step: an unwritable folder is logged once and
+    nothing more is written. Returns the file's path, or None."""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()
+    path = os.path.join(folder, f"{name}-pid{os.getpid()}-{next(_DUMPS)}.prof")
+    try:
+        stats.dump_stats(path)
+    except OSError as error:
+        logger.warning("%s: cannot keep the profile in %s (%s); unset %s", title, folder, error,
+                       CYCLE_PROFILE_DIR_ENV)
+        os.environ.pop(CYCLE_PROFILE_DIR_ENV, None)
+        return None
+    return path
 
 
 _STAGE_SUMMARY = re.compile(

@@ -398,3 +398,77 @@ def test_an_ab_inside_one_server_times_each_arm_apart():
     for _ in range(2):
         plain.step(lambda: None)
     assert len(logged) == 1  # no arms: no arms line
+
+
+_FAKE_SCHEDULER = '''
+def leaf():
+    return 1
+
+
+def helper(n):
+    total = 0
+    for _ in range(n):
+        total += leaf()
+    return total
+
+
+def run_batch(n):
+    return helper(n) + leaf()
+'''
+
+
+def _fake_scheduler(folder):
+    import importlib.util
+
+    path = folder / "fake_scheduler.py"  # bench.profile_diff counts the calls of a scheduler.py's run_batch as steps
+    path.write_text(_FAKE_SCHEDULER)
+    spec = importlib.util.spec_from_file_location("fake_scheduler", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kept_profiles_are_tallied_per_decode_step(monkeypatch, tmp_path):
+    """SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR: every listed scheduler profile is also written whole; bench.profile_diff
+    sums a server's files and reads calls per decode iteration (run_batch's calls) exactly, callees by call edge."""
+    from bench import profile_diff
+
+    scheduler = _fake_scheduler(tmp_path)
+    folders = {}
+    for name, n in (("a", 2), ("b", 5)):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        monkeypatch.setenv(config.CYCLE_PROFILE_DIR_ENV, str(folders[name]))
+        logged = []
+        stages = cycle_timing.SchedulerStages(3, log=logged.append, profile_top=2, gc_callbacks=[])
+        for _ in range(7):  # the first opens the chain: six iterations counted, two listings
+            stages.iteration(True)
+            stages.time("run_batch", lambda n=n: scheduler.run_batch(n))
+        assert sum("scheduler profile" in line for line in logged) == 2
+        assert len(list(folders[name].glob("no-spec-scheduler-profile-rank-0-pid*.prof"))) == 2
+    a, b = (profile_diff.load(str(folders[name])) for name in "ab")
+    assert profile_diff.steps_of(a) == profile_diff.steps_of(b) == 6
+    per_step_a, per_step_b = profile_diff.per_step(a), profile_diff.per_step(b)
+    leaf = next(key for key in per_step_a if key.endswith("(leaf)"))
+    assert per_step_a[leaf][0] == pytest.approx(3.0) and per_step_b[leaf][0] == pytest.approx(6.0)
+    from_helper = profile_diff.callees(b, "(helper)")
+    assert from_helper[leaf][0] == pytest.approx(5.0)  # run_batch's own call of leaf is not helper's
+    table = profile_diff.diff_table(per_step_a, per_step_b, ("a", "b"), top=5)
+    assert "(run_batch)` | 1.00 | 1.00 |" in table
+
+
+def test_a_profile_folder_that_cannot_be_written_never_fails_a_step(monkeypatch, tmp_path):
+    """An unwritable profile folder is logged once, then no more profiles are kept; the listing goes on."""
+    import cProfile
+    import pstats
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(config.CYCLE_PROFILE_DIR_ENV, str(blocker))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    sum(range(3))
+    profiler.disable()
+    assert cycle_timing.dump_profile(pstats.Stats(profiler), str(blocker), "x") is None
+    assert config.CYCLE_PROFILE_DIR_ENV not in __import__("os").environ
+    assert "x, by own then cumulative time" in cycle_timing._profile_report(profiler, 2, "x")

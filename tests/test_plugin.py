@@ -616,6 +616,22 @@ def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
     _args()
 
 
+def test_a_cycle_profile_folder_needs_the_profile_and_a_writable_folder(monkeypatch, tmp_path):
+    """SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR keeps the listed profiles whole: refused without the profile, or naming no
+    writable folder."""
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
+    monkeypatch.delenv(config.CYCLE_PROFILE_ENV, raising=False)
+    monkeypatch.setenv(config.CYCLE_PROFILE_DIR_ENV, str(tmp_path))
+    with pytest.raises(EagleTritonConfigError, match="CYCLE_PROFILE_DIR without SGLANG_EAGLE_TRITON_CYCLE_PROFILE"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "30")
+    monkeypatch.setenv(config.CYCLE_PROFILE_DIR_ENV, str(tmp_path / "missing"))
+    with pytest.raises(EagleTritonConfigError, match="not a writable folder.*Create the folder"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_PROFILE_DIR_ENV, str(tmp_path))
+    _args()
+
+
 def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkeypatch):
     """SGLANG_EAGLE_TRITON_VERIFY_IN_GRAPH: 0 or 1, 1 refused with trees; SGLANG_EAGLE_TRITON_AB_STEPS /
     _AB_FEATURE (diagnostics): a whole number of steps, a known feature, with the cycle timing and what the feature
