@@ -68,11 +68,12 @@ CYCLE_PROFILE_DIR_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR"
 # both arms share the server's host, batch and hour, so host-work differences far below the run-to-run spread of two
 # servers resolve. Features and their arms (on, off): the greedy verify inside the target's graphs (needs
 # VERIFY_IN_GRAPH_ENV=1), the lean draft phase (where it runs; off: SGLang's draft phase, whose graphs are captured),
-# the lean draft extend (needs LEAN_EXTEND_ENV=1; off: SGLang's draft extend)
+# the lean draft extend (needs LEAN_EXTEND_ENV=1; off: SGLang's draft extend), the plain steps 0 entered before SGLang's
+# steps-0 flow (needs PLAIN_OFF_ENV=1; off: through SGLang's flow)
 AB_STEPS_ENV = "SGLANG_EAGLE_TRITON_AB_STEPS"
 AB_FEATURE_ENV = "SGLANG_EAGLE_TRITON_AB_FEATURE"  # unset: verify_in_graph
 AB_ARMS = {"verify_in_graph": ("in-graph", "after"), "lean_draft": ("lean", "sglang-draft"),
-           "lean_extend": ("lean-extend", "sglang-extend")}
+           "lean_extend": ("lean-extend", "sglang-extend"), "plain_direct": ("direct", "sglang-flow")}
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
 # sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
@@ -506,6 +507,9 @@ def _validate(sa) -> None:
         _refuse(f"{AB_STEPS_ENV} for lean_draft where the lean draft phase does not run (the arms alternate it)",
                 f"Unset {LEAN_DRAFT_ENV}, serve one GPU without the draft check or paged trees, or unset "
                 f"{AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "plain_direct" and not plain_off():
+        _refuse(f"{AB_STEPS_ENV} for plain_direct without {PLAIN_OFF_ENV}=1 (the arms alternate the plain step's "
+                "entry)", f"Set {PLAIN_OFF_ENV}=1 too, or unset {AB_STEPS_ENV}.")
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")

@@ -32,6 +32,7 @@ import torch
 from sgl_eagle_triton.glue import call_sites as glue
 
 PLAIN_OFF_STEP = "plain off step"  # verify.RAN's key: plain steps 0 run (kernel report)
+PLAIN_DIRECT = "plain off step entered directly"  # ... of them, entered before SGLang's steps-0 flow
 
 
 def serves(batch) -> bool:

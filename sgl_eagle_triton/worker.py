@@ -81,7 +81,7 @@ from sgl_eagle_triton.lean_phases import (  # noqa: F401 (LEAN_DRAFT, LEAN_EXTEN
     graph_sizes,
 )
 from sgl_eagle_triton.lean_phases import fused_draft as _fused_draft
-from sgl_eagle_triton.off_step import PLAIN_OFF_STEP, GraphEpilogue, PlainOff
+from sgl_eagle_triton.off_step import PLAIN_DIRECT, PLAIN_OFF_STEP, GraphEpilogue, PlainOff
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
     RAN,
@@ -204,6 +204,7 @@ REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verif
                 "verify_tree_greedy": verify.verify_tree_greedy_func}
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
 _plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
+_note_direct = witnessed(lambda: None, PLAIN_DIRECT)  # a plain step entered before SGLang's steps-0 flow
 # a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
 _filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
 
@@ -474,6 +475,8 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
     _ab_steps = _ab_count = 0  # an A/B inside this server (config.AB_STEPS_ENV): steps per arm, decode steps so far
     _ab_feature = "verify_in_graph"  # what its arms alternate (config.AB_FEATURE_ENV)
     _plain_now = False  # this step's one-node input is the plain step's: its verify is too
+    _pre_activated = False  # this decode step's state is already in force (forward_batch_generation put it)
+    _direct_paused = False  # the A/B's arm without the direct plain step (config.AB_ARMS["plain_direct"])
 
     def __init__(self, *args, **kwargs):
         glue.check_glue(REPLACEMENTS, (TritonEagleDraftWorker, EagleTritonWorkerV2), plain_off=config.plain_off())
@@ -810,11 +813,40 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         (or a gap before one: a new request) falls between two decode steps and belongs to neither's cycle: the cost
         policy does not time the decode step after it."""
         extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        self._pre_activated = False
         if self.cost_policy is not None and extend:
             self.cost_policy.forget_last_step()
         if self._ab_steps and not extend and not batch.forward_mode.is_idle():
             self._next_ab_arm()
+        if (self.plain_off is not None and not self._direct_paused and not extend and not args
+                and not batch.forward_mode.is_idle()):
+            self.activate_step_by_batch(batch.seq_lens.shape[0])
+            self._pre_activated = True  # SGLang's flow, if it runs, finds the state in force
+            if (self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only and batch.spec_info is not None
+                    and off_step.serves(batch)):
+                self._pre_activated = False
+                timing = self.__dict__.get("_cycle_timing")  # cycle_timing.timed_forward's (diagnostics)
+                if timing is not None:
+                    return timing.step(lambda: self._direct_plain_step(batch, **kwargs))
+                return self._direct_plain_step(batch, **kwargs)
         return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _direct_plain_step(self, batch, on_publish=None, **_):
+        """SGLang's steps-0 flow for a plain step (``EAGLEWorkerV2.forward_batch_generation``'s decode branch once the
+        state is in force: the one-node input, the verify, the publish of the new lengths, the draft extend, here the
+        fill), entered directly: without its shell, context managers (one GPU, no draft MoE) and dispatch through
+        ``_build_trivial_verify_input`` / ``verify``. No ``grammar_barrier``: a grammar batch is not a plain one."""
+        _note_direct()
+        plain = self.plain_off
+        batch.spec_info = plain.verify_input(batch, self.topk)
+        result = _plain_step(plain, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+        if on_publish is not None:  # before the fill, as SGLang's flow publishes before its draft extend
+            on_publish(result.new_seq_lens)
+        draft_worker = self.draft_worker
+        draft_worker.kv_filled_in_graph = plain.filled
+        draft_worker.read_done_after_fill = self._publish_read_done
+        draft_worker._draft_extend_for_decode(batch, result)
+        return result
 
     def _next_ab_arm(self) -> None:
         """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run has its feature
@@ -828,6 +860,10 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
             if not self.lean_draft_on:
                 return
             self.draft_worker.lean = not off
+        elif self._ab_feature == "plain_direct":
+            if self.plain_off is None:
+                return
+            self._direct_paused = off
         elif self._ab_feature == "lean_extend":
             if not self.lean_extend_on:
                 return
@@ -884,6 +920,9 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         server's first decode steps put each candidate in force once instead (:attr:`_states_to_warm`). With
         ``config.ADAPTIVE_CYCLE_ENV`` set at start (tests) it puts the next candidate step count in force at every
         step, so that the shape changes mid-request (batch sizes without that state's CUDA graphs run eagerly)."""
+        if self._pre_activated:  # forward_batch_generation put this step's state in force before SGLang's flow
+            self._pre_activated = False
+            return
         controller = self.adaptive_controller
         warming = bool(self._states_to_warm) and batch_size > 0
         if self._cycle_knob:

@@ -301,7 +301,113 @@ def test_the_war_barriers_event_goes_where_the_scheduler_reads_it(monkeypatch):
     class New:
         device, last_shared_read_runner = "cpu", runner
 
-    call_sites.publish_read_done(Old())
+    old = Old()
+    call_sites.publish_read_done(old)
     call_sites.publish_read_done(New())
     assert runner.war_fastpath_read_done_event is event and runner.shared_read_done_event is event
     assert recorded == [True, True]
+    made = []  # one event a worker, recorded again at every step (the barrier waits on it at once)
+    monkeypatch.setattr(call_sites.torch, "get_device_module",
+                        lambda device: SimpleNamespace(Event=lambda: made.append(1) or event))
+    call_sites.publish_read_done(old)
+    assert made == [] and recorded == [True, True, True]
+
+
+def _decode_batch(**flags):
+    batch = _batch(**flags)
+    batch.forward_mode.is_extend = lambda: False
+    batch.is_extend_in_batch = False
+    return batch
+
+
+def _direct_worker(monkeypatch, choices):
+    """An adaptive worker over steps 0 and 3 whose policy picks ``choices`` step by step, SGLang's steps-0 flow stood
+    in by one that puts the state in force (as SGLang's does first) and records what ran; the plain step and the
+    draft extend record too (the extend leaves the carried state stale at steps 0, as the fill does)."""
+    from tests.test_worker import _adaptive_worker
+
+    w = _adaptive_worker([0, 3])
+    w.plain_off, w.topk, w._target_worker = PlainOff("cpu"), 1, "target"
+    picks = iter(choices)
+    w.adaptive_controller.params.get_steps_for_batch = lambda bs: next(picks)
+    ran = []
+
+    def sglang_flow(self, batch, on_publish=None, grammar_barrier=None):
+        self.activate_step_by_batch(batch.seq_lens.shape[0])
+        ran.append(("sglang's flow", self.speculative_num_steps, self.draft_worker.fill_kv_only))
+        self.draft_worker._draft_extend_for_decode(batch, "sglang's")
+        return "sglang's"
+
+    def extend(batch, result):
+        dw = w.draft_worker
+        publish, dw.read_done_after_fill = dw.read_done_after_fill, None
+        ran.append(("extend", dw.kv_filled_in_graph, publish is not None))
+        dw.draft_stale = w.speculative_num_steps == 0 and dw.fill_kv_only
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", sglang_flow)
+    monkeypatch.setattr(EAGLEWorkerV2, "req_to_token_pool", SimpleNamespace(req_to_token="rows"), raising=False)
+    monkeypatch.setattr(worker, "_plain_step", lambda off, batch, target, rows: ran.append(("plain", target, rows))
+                        or SimpleNamespace(new_seq_lens="new lengths"))
+    w._draft_worker._draft_extend_for_decode = extend
+    w._draft_worker.read_done_after_fill, w._draft_worker.kv_filled_in_graph = None, False
+    return w, ran
+
+
+def test_a_plain_step_is_entered_before_sglangs_steps_0_flow_its_state_put_in_force_once(monkeypatch):
+    """The worker puts each decode step's state in force itself; a plain steps-0 step (fill only, a plain batch) then
+    runs the flow SGLang's would (the one-node input, the plain step, the new lengths published before the fill) without
+    it; any other step goes through SGLang's flow, whose own call to put the state in force is then a no-op: one
+    activation a step either way (steps_in_force counts them), the resume after steps 0 included."""
+    w, ran = _direct_worker(monkeypatch, [0, 0, 3, 3, 3])
+    results = [w.forward_batch_generation(_decode_batch(), on_publish=lambda lens: ran.append(("publish", lens)),
+                                          grammar_barrier=None) for _ in range(5)]
+    assert ran == [("plain", "target", "rows"), ("publish", "new lengths"), ("extend", False, True)] * 2 + [
+        ("sglang's flow", 0, False), ("extend", False, False),  # the resume: one more step at 0, the full extend
+        ("sglang's flow", 3, True), ("extend", False, False), ("sglang's flow", 3, True), ("extend", False, False)]
+    assert results[2:] == ["sglang's"] * 3
+    assert sum(w.steps_in_force.values()) == 5 and w.steps_in_force == {0: 3, 3: 2} and w.resumes == 1
+    assert verify.RAN[off_step.PLAIN_DIRECT] >= 2
+
+
+@pytest.mark.parametrize("why", ["grammar", "logprobs", "positional", "paused"])
+def test_a_batch_the_plain_step_does_not_serve_keeps_sglangs_flow(monkeypatch, why):
+    """A grammar or logprobs batch, a call with positional extras (not SGLang's scheduler's) or the A/B's other arm:
+    SGLang's steps-0 flow, the state put in force once."""
+    w, ran = _direct_worker(monkeypatch, [0])
+    batch = _decode_batch(grammar=why == "grammar", return_logprob=why == "logprobs")
+    args = ("extra",) if why == "positional" else ()
+    w._direct_paused = why == "paused"
+    if args:
+        monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                            lambda self, batch, *a, **k: self.activate_step_by_batch(3) or ran.append("sglang's"))
+    w.forward_batch_generation(batch, *args)
+    assert "plain" not in [r[0] for r in ran] and sum(w.steps_in_force.values()) == 1
+
+
+def test_a_state_put_in_force_ahead_is_not_carried_to_the_next_step(monkeypatch):
+    """The ahead-of-flow mark lives for one call: a step whose flow never asked (an idle or prefill batch after it)
+    does not skip the next step's decision."""
+    w, ran = _direct_worker(monkeypatch, [3, 0])
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", lambda self, batch, **k: ran.append("no ask"))
+    w.forward_batch_generation(_decode_batch())  # the state put in force, the flow never asks
+    assert w._pre_activated
+    w.forward_batch_generation(_decode_batch(idle=True))  # an idle batch: SGLang's flow alone
+    assert not w._pre_activated
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", lambda self, batch, **k: None)
+    w.forward_batch_generation(_decode_batch())
+    assert w.speculative_num_steps == 0 and sum(w.steps_in_force.values()) == 2
+
+
+def test_the_ab_arms_alternate_the_direct_entry(monkeypatch):
+    """config.AB_FEATURE_ENV=plain_direct: every other N decode steps go through SGLang's steps-0 flow, the cycle
+    timing told each step's arm; nothing where the plain step does not run."""
+    w, ran = _direct_worker(monkeypatch, [0] * 8)
+    w._ab_steps, w._ab_count, w._ab_feature = 2, 0, "plain_direct"
+    for _ in range(8):
+        w.forward_batch_generation(_decode_batch())
+    kinds = [r[0] for r in ran if r[0] in ("plain", "sglang's flow")]
+    assert kinds == ["plain", "plain", "sglang's flow", "sglang's flow"] * 2
+    w.plain_off, w._ab_count = None, 2  # the off arm where the plain step does not run: nothing paused
+    w._direct_paused = False
+    w._next_ab_arm()
+    assert not w._direct_paused

@@ -651,6 +651,9 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
         ({config.AB_FEATURE_ENV: "everything"}, (), "AB_FEATURE='everything'.*verify_in_graph, lean_draft"),
         ({config.AB_FEATURE_ENV: "lean_draft"}, (), None),  # the lean draft phase runs by default
         ({config.LEAN_DRAFT_ENV: "0"}, (), "AB_STEPS for lean_draft where the lean draft phase does not"),
+        ({config.LEAN_DRAFT_ENV: None, config.AB_FEATURE_ENV: "plain_direct"}, ("--speculative-adaptive",),
+         "AB_STEPS for plain_direct without .*PLAIN_OFF=1.*Set"),
+        ({config.PLAIN_OFF_ENV: "1"}, ("--speculative-adaptive",), None),
     ]
     for env, argv, refused in steps:
         for name, value in env.items():

@@ -81,6 +81,9 @@ CALL_SITES = (
 # when it is asked for. SGLang's steps-0 flow must still call the method we override to build the one-node input...
 PLAIN_OFF_CALL_SITES = (
     (EAGLEWorkerV2, "forward_batch_generation", None, "_build_trivial_verify_input"),
+    # the steps-0 flow the worker's direct plain step stands for: the state put in force, then the draft extend
+    (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
+    (EAGLEWorkerV2, "forward_batch_generation", None, "_draft_extend_for_decode"),
 )
 # ... and what the plain step calls must take these parameters (ForwardBatch's constructor and SGLang's results are
 # called by keyword: their fields are checked to exist)
@@ -434,7 +437,11 @@ def publish_read_done(worker) -> None:
         runner, name = worker.war_fastpath_runner, "war_fastpath_read_done_event"
     else:
         runner, name = worker.last_shared_read_runner, "shared_read_done_event"
-    event = torch.get_device_module(worker.device).Event()
+    # one event a worker, recorded again each step: the barrier waits on it right after the launch that published it
+    # (and clears it); a wait that came later would wait for later work, never for less
+    event = worker.__dict__.get("_sgl_eagle_triton_read_done")
+    if event is None:
+        event = worker._sgl_eagle_triton_read_done = torch.get_device_module(worker.device).Event()
     event.record()
     setattr(runner, name, event)
 
