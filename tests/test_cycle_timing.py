@@ -472,3 +472,14 @@ def test_a_profile_folder_that_cannot_be_written_never_fails_a_step(monkeypatch,
     assert cycle_timing.dump_profile(pstats.Stats(profiler), str(blocker), "x") is None
     assert config.CYCLE_PROFILE_DIR_ENV not in __import__("os").environ
     assert "x, by own then cumulative time" in cycle_timing._profile_report(profiler, 2, "x")
+
+
+def test_profile_diff_counts_iterations_by_the_larger_marker():
+    """A drafting server's profile can miss run_batch's returns (2 calls counted in 200 iterations):
+    process_batch_result's calls count the iterations there."""
+    from bench import profile_diff
+
+    stats = SimpleNamespace(stats={("/s/managers/scheduler.py", 1, "run_batch"): (0, 2, 0.0, 0.0, {}),
+                                   ("/s/managers/scheduler.py", 9, "process_batch_result"): (200, 200, 0.0, 0.0, {}),
+                                   ("/s/other.py", 1, "run_batch"): (500, 500, 0.0, 0.0, {})})
+    assert profile_diff.steps_of(stats) == 200
