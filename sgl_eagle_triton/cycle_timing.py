@@ -18,6 +18,9 @@ have completed (no synchronisation). Per step it reports:
   launch the next step, plus SGLang's small kernels between steps (its payload relay and input resolution; without
   overlap scheduling all the scheduler's kernels).
 
+A worker subclass that launches a decode step itself (ours, where the plain steps 0 runs: the state put in force,
+then a plain step or SGLang's method) is timed over the same span by :func:`worker_step`.
+
 A rank whose host is late before a step shows the largest ``gpu idle`` while the others wait inside their
 collectives (their ``gpu step`` grows); lateness inside a step shows as a larger ``gpu step`` on every rank. A
 prefill between two decode steps breaks the pair (not counted).
@@ -96,7 +99,18 @@ class CycleTiming:
     def break_chain(self) -> None:
         self._paired = False
 
+    _stepping = False  # inside step(): a nested timed launch (SGLang's method under ours) is not a step of its own
+
     def step(self, launch):
+        if self._stepping:
+            return launch()
+        self._stepping = True
+        try:
+            return self._step(launch)
+        finally:
+            self._stepping = False
+
+    def _step(self, launch):
         enter, start = self.clock(), self.event()
         try:
             if self.profiler is None or not _enable_profiler(self, f"{self.name} cycle profile, rank {self.rank}"):
@@ -420,7 +434,21 @@ def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int
         return timing.step(lambda: forward(self, batch, *args, **kwargs))
 
     timed.sgl_eagle_triton_timed = True
+    # the worker's timer, for a decode step the worker launches itself (worker_step)
+    timed.sgl_eagle_triton_timer = lambda owner: _timer_of(owner, "_cycle_timing", make_timing, every, profile_top,
+                                                           "EAGLE")
     return timed
+
+
+def worker_step(worker, parent_forward, call):
+    """``call()``: a decode step an EAGLE worker subclass launches from its own ``forward_batch_generation`` (around or
+    instead of SGLang's ``parent_forward``), timed as SGLang's method is: by the worker's :class:`CycleTiming` where
+    ``parent_forward`` is :func:`timed_forward`'s wrapper, and as ``run_batch``'s ``forward_batch_generation`` part
+    inside a timed ``run_batch``; SGLang's timed method called inside counts once (re-entrant step, nested part)."""
+    make = getattr(parent_forward, "sgl_eagle_triton_timer", None)
+    timing = make(worker) if make is not None else None
+    timed = (lambda: timing.step(call)) if timing is not None else call
+    return _RUNNING[-1].time_part("forward_batch_generation", timed) if _RUNNING else timed()
 
 
 def _timer_of(owner, attribute: str, make, every: int, profile_top: int, default_name: str):

@@ -53,7 +53,16 @@ from collections import Counter
 import sglang
 import torch
 
-from sgl_eagle_triton import ALGORITHM_NAME, __version__, config, draft_check, off_step, simulated_acceptance, verify
+from sgl_eagle_triton import (
+    ALGORITHM_NAME,
+    __version__,
+    config,
+    cycle_timing,
+    draft_check,
+    off_step,
+    simulated_acceptance,
+    verify,
+)
 from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost, TreeEvidence, replay_ms
 from sgl_eagle_triton.drafter import (
     FusedDrafter,
@@ -818,18 +827,22 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
             self.cost_policy.forget_last_step()
         if self._ab_steps and not extend and not batch.forward_mode.is_idle():
             self._next_ab_arm()
-        if (self.plain_off is not None and not self._direct_paused and not extend and not args
-                and not batch.forward_mode.is_idle()):
-            self.activate_step_by_batch(batch.seq_lens.shape[0])
-            self._pre_activated = True  # SGLang's flow, if it runs, finds the state in force
-            if (self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only and batch.spec_info is not None
-                    and off_step.serves(batch)):
-                self._pre_activated = False
-                timing = self.__dict__.get("_cycle_timing")  # cycle_timing.timed_forward's (diagnostics)
-                if timing is not None:
-                    return timing.step(lambda: self._direct_plain_step(batch, **kwargs))
-                return self._direct_plain_step(batch, **kwargs)
+        if self.plain_off is not None and not extend and not args and not batch.forward_mode.is_idle():
+            # timed (diagnostics) over the same span as SGLang's method: the state put in force included
+            return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
+                                            lambda: self._decode_step(batch, **kwargs))
         return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _decode_step(self, batch, **kwargs):
+        """A decode step where the plain steps 0 runs: the state put in force here, then a plain steps-0 step entered
+        directly (:meth:`_direct_plain_step`; not in the A/B's other arm) or SGLang's flow, whose own call to put the
+        state in force is then a no-op (:attr:`_pre_activated`)."""
+        self.activate_step_by_batch(batch.seq_lens.shape[0])
+        if (not self._direct_paused and self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only
+                and batch.spec_info is not None and off_step.serves(batch)):
+            return self._direct_plain_step(batch, **kwargs)
+        self._pre_activated = True
+        return super().forward_batch_generation(batch, **kwargs)
 
     def _direct_plain_step(self, batch, on_publish=None, **_):
         """SGLang's steps-0 flow for a plain step (``EAGLEWorkerV2.forward_batch_generation``'s decode branch once the

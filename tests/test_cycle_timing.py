@@ -483,3 +483,37 @@ def test_profile_diff_counts_iterations_by_the_larger_marker():
                                    ("/s/managers/scheduler.py", 9, "process_batch_result"): (200, 200, 0.0, 0.0, {}),
                                    ("/s/other.py", 1, "run_batch"): (500, 500, 0.0, 0.0, {})})
     assert profile_diff.steps_of(stats) == 200
+
+
+def test_a_decode_step_our_worker_launches_itself_is_timed_once_over_the_same_span(monkeypatch):
+    """Where the plain steps 0 runs, our forward_batch_generation launches decode steps itself (cycle_timing.
+    worker_step): each is one step of the worker's timer (made here if SGLang's timed method never ran) and one
+    forward part of the running run_batch, the parent's timed method inside it passing through; a step that never
+    reaches the parent (a direct plain step) is timed too."""
+    gpu, host = FakeGpu(), [0.0]
+    made = []
+
+    def make(every, rank, name, profile_top):
+        made.append(every)
+        return CycleTiming(every, rank=rank, event=gpu.event, clock=lambda: host[0] / 1e3, log=lambda line: None,
+                           name=name)
+
+    parent = timed_forward(lambda self, batch: host.__setitem__(0, host[0] + 2.0) or "parent", 5, make_timing=make)
+    worker = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE_TRITON"),
+                             ps=SimpleNamespace(tp_rank=0))
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                            is_extend_in_batch=False)
+    stages = cycle_timing.SchedulerStages(5, clock=lambda: host[0] / 1e3, log=lambda line: None, gc_callbacks=[])
+    cycle_timing._RUNNING.append(stages)
+    try:
+        direct = cycle_timing.worker_step(worker, parent, lambda: host.__setitem__(0, host[0] + 1.0) or "direct")
+        through = cycle_timing.worker_step(worker, parent, lambda: parent(worker, batch))
+    finally:
+        cycle_timing._RUNNING.pop()
+    assert (direct, through) == ("direct", "parent") and made == [5]  # one timer, made by the first step
+    gpu.done = 1e9
+    worker._cycle_timing._collect()
+    assert worker._cycle_timing.counts["steps"] == 2  # the parent's own timing inside passed through
+    assert worker._cycle_timing.sums["host_in_forward"] == pytest.approx(3.0)
+    assert stages.parts_open["forward_batch_generation"] * 1e3 == pytest.approx(3.0)
+    assert cycle_timing.worker_step(worker, lambda self, batch: None, lambda: "untimed") == "untimed"

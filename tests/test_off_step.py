@@ -333,6 +333,9 @@ def _direct_worker(monkeypatch, choices):
     ran = []
 
     def sglang_flow(self, batch, on_publish=None, grammar_barrier=None):
+        if batch.forward_mode.is_extend():  # a prefill: SGLang's flow puts no state in force
+            ran.append(("sglang's prefill",))
+            return "sglang's"
         self.activate_step_by_batch(batch.seq_lens.shape[0])
         ran.append(("sglang's flow", self.speculative_num_steps, self.draft_worker.fill_kv_only))
         self.draft_worker._draft_extend_for_decode(batch, "sglang's")
@@ -346,8 +349,12 @@ def _direct_worker(monkeypatch, choices):
 
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", sglang_flow)
     monkeypatch.setattr(EAGLEWorkerV2, "req_to_token_pool", SimpleNamespace(req_to_token="rows"), raising=False)
-    monkeypatch.setattr(worker, "_plain_step", lambda off, batch, target, rows: ran.append(("plain", target, rows))
-                        or SimpleNamespace(new_seq_lens="new lengths"))
+    def plain_step(off, batch, target, rows):
+        assert batch.spec_info.is_verify_input() and batch.spec_info.draft_token_num == 1  # the one-node input
+        ran.append(("plain", target, rows))
+        return SimpleNamespace(new_seq_lens="new lengths")
+
+    monkeypatch.setattr(worker, "_plain_step", plain_step)
     w._draft_worker._draft_extend_for_decode = extend
     w._draft_worker.read_done_after_fill, w._draft_worker.kv_filled_in_graph = None, False
     return w, ran
@@ -411,3 +418,21 @@ def test_the_ab_arms_alternate_the_direct_entry(monkeypatch):
     w._direct_paused = False
     w._next_ab_arm()
     assert not w._direct_paused
+
+
+def test_a_prefill_or_a_batch_without_a_draft_input_keeps_sglangs_flow(monkeypatch):
+    """A prefill puts no state in force (SGLang's flow does not either); a decode batch without a relayed draft
+    input (SGLang then makes an idle one) takes SGLang's flow with the state put in force once; the graph epilogue's
+    fill reaches the draft worker on a direct step."""
+    w, ran = _direct_worker(monkeypatch, [0, 0])
+    prefill = _decode_batch()
+    prefill.forward_mode.is_extend = lambda: True
+    w.forward_batch_generation(prefill)
+    assert ran == [("sglang's prefill",)] and sum(w.steps_in_force.values()) == 0 and not w._pre_activated
+    bare = _decode_batch()
+    bare.spec_info = None
+    w.forward_batch_generation(bare)
+    assert ran[1] == ("sglang's flow", 0, True) and sum(w.steps_in_force.values()) == 1
+    w.plain_off.filled = True  # the last plain step's token and fill came from the graph
+    w.forward_batch_generation(_decode_batch())
+    assert ran[-1] == ("extend", True, True)

@@ -81,10 +81,7 @@ CALL_SITES = (
 # when it is asked for. SGLang's steps-0 flow must still call the method we override to build the one-node input...
 PLAIN_OFF_CALL_SITES = (
     (EAGLEWorkerV2, "forward_batch_generation", None, "_build_trivial_verify_input"),
-    # the steps-0 flow the worker's direct plain step stands for: the state put in force, then the draft extend
-    (EAGLEWorkerV2, "forward_batch_generation", None, "activate_step_by_batch"),
-    (EAGLEWorkerV2, "forward_batch_generation", None, "_draft_extend_for_decode"),
-)
+)  # (the state put in force and the draft extend, which the direct plain step stands for too: CALL_SITES)
 # ... and what the plain step calls must take these parameters (ForwardBatch's constructor and SGLang's results are
 # called by keyword: their fields are checked to exist)
 PLAIN_OFF_SIGNATURES = (
