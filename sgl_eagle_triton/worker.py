@@ -850,15 +850,20 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         fill), entered directly: without its shell, context managers (one GPU, no draft MoE) and dispatch through
         ``_build_trivial_verify_input`` / ``verify``. No ``grammar_barrier``: a grammar batch is not a plain one."""
         _note_direct()
-        plain = self.plain_off
-        batch.spec_info = plain.verify_input(batch, self.topk)
-        result = _plain_step(plain, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+        batch.spec_info = self.plain_off.verify_input(batch, self.topk)
+        result = self._run_plain_step(batch)
         if on_publish is not None:  # before the fill, as SGLang's flow publishes before its draft extend
             on_publish(result.new_seq_lens)
-        draft_worker = self.draft_worker
-        draft_worker.kv_filled_in_graph = plain.filled
-        draft_worker.read_done_after_fill = self._publish_read_done
-        draft_worker._draft_extend_for_decode(batch, result)
+        self.draft_worker._draft_extend_for_decode(batch, result)
+        return result
+
+    def _run_plain_step(self, batch):
+        """The plain step of ``batch`` (its ``spec_info`` the one-node input), and what the draft KV fill after it
+        reads: whether the graph epilogue already filled, and the WAR event to record once the fill has been launched
+        (the scheduler's barrier then takes its fast path, as after a decode step)."""
+        result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+        self.draft_worker.kv_filled_in_graph = self.plain_off.filled
+        self.draft_worker.read_done_after_fill = self._publish_read_done
         return result
 
     def _next_ab_arm(self) -> None:
@@ -905,12 +910,7 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
     def verify(self, batch, *args, **kwargs):
         if self._plain_now:  # SGLang's steps-0 flow: the input just built was the plain step's
             self._plain_now = False
-            result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
-            self.draft_worker.kv_filled_in_graph = self.plain_off.filled
-            # the scheduler's WAR barrier then takes its fast path, as after a decode step: the event is recorded
-            # once the draft KV fill that follows (SGLang's steps-0 flow) has been launched
-            self.draft_worker.read_done_after_fill = self._publish_read_done
-            return result
+            return self._run_plain_step(batch)  # SGLang's flow then runs the draft KV fill
         expected = None
         if self._verify_checks_left and not batch.forward_mode.is_idle():
             expected = VERIFY_GREEDY if batch.sampling_info.is_all_greedy else VERIFY_SAMPLING
