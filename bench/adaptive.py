@@ -5,7 +5,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
                    eagle_triton_cost_plain eagle_triton_cost_sglang_off eagle_triton_cost_trees
                    eagle_triton_cost_mixed eagle_triton_off
-                   eagle_triton_off_plain eagle3_off eagle3_off_skip] \\
+                   eagle_triton_off_plain eagle_triton_off_nonspec eagle_triton_cost_nonspec eagle3_off
+                   eagle3_off_skip] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -113,6 +114,10 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
     # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1; off_step.py)
     "eagle_triton_off_plain": ("EAGLE_TRITON", "off"),
+    # the same held as SGLang's non-speculative decode (SYSTEM_ENV: SGLANG_EAGLE_TRITON_OFF_NONSPEC=1; off_route.py)
+    "eagle_triton_off_nonspec": ("EAGLE_TRITON", "off"),
+    # the cost policy with its held steps 0 so (SYSTEM_ENV)
+    "eagle_triton_cost_nonspec": ("EAGLE_TRITON", "cost"),
     # stock's steps 0 under the same config: SGLang's one-node verify and its full draft extend (a CUDA graph)
     "eagle3_off": ("EAGLE3", "off"),
     # the same without the draft extend (SYSTEM_ENV): SGLang's speculative path at steps 0 and nothing else, the floor
@@ -148,6 +153,10 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_off_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_off_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
+                                           "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
+              "eagle_triton_cost_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
+                                            "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
               "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"},

@@ -69,16 +69,22 @@ CYCLE_PROFILE_DIR_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE_DIR"
 # servers resolve. Features and their arms (on, off): the greedy verify inside the target's graphs (needs
 # VERIFY_IN_GRAPH_ENV=1), the lean draft phase (where it runs; off: SGLang's draft phase, whose graphs are captured),
 # the lean draft extend (needs LEAN_EXTEND_ENV=1; off: SGLang's draft extend), the plain steps 0 entered before SGLang's
-# steps-0 flow (needs PLAIN_OFF_ENV=1; off: through SGLang's flow)
+# steps-0 flow (needs PLAIN_OFF_ENV=1; off: through SGLang's flow), held steps 0 as SGLang's non-speculative decode
+# (needs OFF_NONSPEC_ENV=1; off: the plain step on the speculative path)
 AB_STEPS_ENV = "SGLANG_EAGLE_TRITON_AB_STEPS"
 AB_FEATURE_ENV = "SGLANG_EAGLE_TRITON_AB_FEATURE"  # unset: verify_in_graph
 AB_ARMS = {"verify_in_graph": ("in-graph", "after"), "lean_draft": ("lean", "sglang-draft"),
-           "lean_extend": ("lean-extend", "sglang-extend"), "plain_direct": ("direct", "sglang-flow")}
+           "lean_extend": ("lean-extend", "sglang-extend"), "plain_direct": ("direct", "sglang-flow"),
+           "off_nonspec": ("nonspec", "spec-path")}
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step): the target's one-token forward and SGLang's
 # sampler instead of SGLang's speculative verify of a one-node tree. Unset: wherever it can run (else SGLang's verify,
 # the reason logged and reported); "1": required (refused at start where it cannot run); "0": SGLang's verify
 PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
 PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> plain_off_mode()
+# Adaptive steps 0, held, as SGLang's non-speculative decode (sgl_eagle_triton.off_route): while the policy holds
+# steps 0 the running batch is a non-speculative batch for the scheduler (its preparation, launch and result
+# processing), the plain step inside. "1": on (refused at start where it cannot run); unset or "0": off
+OFF_NONSPEC_ENV = "SGLANG_EAGLE_TRITON_OFF_NONSPEC"
 # The lean draft phase: the drafting states' draft phase as our fused drafter on the relayed draft input, without
 # SGLang's prepare_for_draft and draft graph runner (worker.TritonEagleDraftWorker.lean_draft). Unset: wherever it can
 # run (else SGLang's draft phase, the reason logged and reported); "1": required (refused at start where it cannot
@@ -507,6 +513,9 @@ def _validate(sa) -> None:
         _refuse(f"{AB_STEPS_ENV} for lean_draft where the lean draft phase does not run (the arms alternate it)",
                 f"Unset {LEAN_DRAFT_ENV}, serve one GPU without the draft check or paged trees, or unset "
                 f"{AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "off_nonspec" and not off_nonspec():
+        _refuse(f"{AB_STEPS_ENV} for off_nonspec without {OFF_NONSPEC_ENV}=1 (the arms alternate the route)",
+                f"Set {OFF_NONSPEC_ENV}=1 too, or unset {AB_STEPS_ENV}.")
     if ab_steps() and ab_feature() == "plain_direct" and not plain_off():
         _refuse(f"{AB_STEPS_ENV} for plain_direct without {PLAIN_OFF_ENV}=1 (the arms alternate the plain step's "
                 "entry)", f"Set {PLAIN_OFF_ENV}=1 too, or unset {AB_STEPS_ENV}.")
@@ -527,6 +536,11 @@ def _validate(sa) -> None:
     if plain_off() and sa.tp_size > 1:
         _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
                 f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
+    if os.environ.get(OFF_NONSPEC_ENV, "0") not in ("0", "1"):
+        _refuse(f"{OFF_NONSPEC_ENV}={os.environ[OFF_NONSPEC_ENV]!r}", "Give 1 (held steps 0 as SGLang's "
+                "non-speculative decode) or 0, or unset it.")
+    if off_nonspec() and (why := off_nonspec_unserved(sa)) is not None:
+        _refuse(f"{OFF_NONSPEC_ENV}=1 with {why[0]}", f"{why[1]}, or unset {OFF_NONSPEC_ENV}.")
     if os.environ.get(LEAN_DRAFT_ENV, "0") not in ("0", "1"):
         _refuse(f"{LEAN_DRAFT_ENV}={os.environ[LEAN_DRAFT_ENV]!r}", "Give 1 (the draft phase must run without "
                 "SGLang's prepare_for_draft and draft graphs) or 0 (SGLang's draft phase), or unset it (the lean "
@@ -591,6 +605,25 @@ def plain_off_mode() -> str:
 def plain_off() -> bool:
     """Whether :data:`PLAIN_OFF_ENV` requires adaptive steps 0 as a plain decode step (``1``)."""
     return plain_off_mode() == "on"
+
+
+def off_nonspec() -> bool:
+    """Whether :data:`OFF_NONSPEC_ENV` asks for held steps 0 as SGLang's non-speculative decode (``1``)."""
+    return os.environ.get(OFF_NONSPEC_ENV) == "1"
+
+
+def off_nonspec_unserved(sa) -> tuple[str, str] | None:
+    """Why held steps 0 cannot run as SGLang's non-speculative decode with server args ``sa`` (what, what to change),
+    None if it can (the worker checks SGLang's touchpoints at start)."""
+    if not plain_off():
+        return f"{PLAIN_OFF_ENV} not 1 (the non-speculative step is the plain step)", f"Set {PLAIN_OFF_ENV}=1"
+    if getattr(sa, "disable_overlap_schedule", False):
+        return ("--disable-overlap-schedule (the route is written for the overlap scheduler's relay)",
+                "Remove --disable-overlap-schedule")
+    if (sa.page_size or 1) > 1:
+        return (f"--page-size {sa.page_size} (turning a batch frees its reservation token by token)",
+                "Use --page-size 1")
+    return None
 
 
 def lean_draft_mode() -> str:

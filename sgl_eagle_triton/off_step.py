@@ -111,9 +111,13 @@ class PlainOff:
     def verify_input(self, batch, topk: int):
         """SGLang's one-node verify input of ``batch`` (its ``spec_info``: the relayed draft input), as its
         ``_build_trivial_verify_input`` builds it less the mask (none is read) and the launches."""
-        retrieve_index, retrieve_next, _ = self._for(batch.seq_lens.shape[0])
-        positions = batch.seq_lens.to(torch.int64)  # the tensor itself when already int64
-        return glue.one_node_verify_input(batch.spec_info.bonus_tokens, positions, retrieve_index, retrieve_next, topk)
+        return self.verify_input_of(batch.spec_info.bonus_tokens, batch.seq_lens, topk)
+
+    def verify_input_of(self, tokens: torch.Tensor, seq_lens: torch.Tensor, topk: int):
+        """The one-node verify input of ``tokens`` [bs] (any integer dtype) at positions ``seq_lens`` [bs]."""
+        retrieve_index, retrieve_next, _ = self._for(seq_lens.shape[0])
+        positions = seq_lens.to(torch.int64)  # the tensor itself when already int64
+        return glue.one_node_verify_input(tokens, positions, retrieve_index, retrieve_next, topk)
 
     def step(self, batch, target_worker, req_to_token: torch.Tensor):
         """One plain decode step of ``batch`` (its ``spec_info`` from :meth:`verify_input`) on ``target_worker``

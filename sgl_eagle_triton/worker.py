@@ -73,6 +73,7 @@ from sgl_eagle_triton.drafter import (
     vocab_shard,
 )
 from sgl_eagle_triton.glue import call_sites as glue
+from sgl_eagle_triton.glue import nonspec
 from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.call_sites import EagleDraftWorker, EAGLEWorkerV2
 from sgl_eagle_triton.glue.relay import mark_stub
@@ -90,6 +91,7 @@ from sgl_eagle_triton.lean_phases import (  # noqa: F401 (LEAN_DRAFT, LEAN_EXTEN
     graph_sizes,
 )
 from sgl_eagle_triton.lean_phases import fused_draft as _fused_draft
+from sgl_eagle_triton.off_route import NonspecRoute
 from sgl_eagle_triton.off_step import PLAIN_DIRECT, PLAIN_OFF_STEP, GraphEpilogue, PlainOff
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
@@ -316,7 +318,6 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
         would store: :meth:`_fill_rows`), replayed from its CUDA graph of the batch's size where one was captured
         (:meth:`capture_draft_kv`), and stub top-k / hidden states of the right shapes for SGLang's overlap
         bookkeeping (as its ``_stub_skipped_draft_extend``)."""
-        bs = batch.seq_lens.shape[0]
         if self.kv_filled_in_graph:
             self.kv_filled_in_graph = False
             _filled_in_graph()
@@ -324,8 +325,17 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
             _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
                   batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
         draft_input = batch_result.next_draft_input
-        # zeros nobody writes to (SGLang indexes, concatenates or copies them into its future map): one set, as many
-        # rows as the largest batch so far, viewed per batch
+        topk_p, topk_index, hidden = self.stubs_of(batch)
+        draft_input.topk_p, draft_input.topk_index = topk_p, topk_index
+        if hidden is not None:
+            draft_input.hidden_states = hidden
+
+    def stubs_of(self, batch) -> tuple:
+        """The stub top-k probabilities [bs, topk] float32, indices [bs, topk] int64 and hidden states [bs, hidden]
+        (None where the draft carries none) of a fill-only step of ``batch``: zeros nobody writes to (SGLang indexes,
+        concatenates or copies them into its future map), one set as many rows as the largest batch so far, viewed per
+        batch, marked (the scheduler's relay then carries the bonus token alone: glue.relay.bonus_only_after_fill)."""
+        bs = batch.seq_lens.shape[0]
         if self._stubs is None or self._stubs[0].shape[0] < bs:
             hidden_size, hidden_dtype = glue.draft_recurrent_hidden_state_spec(self.draft_runner)
             device = batch.seq_lens.device
@@ -334,10 +344,7 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
                 torch.zeros(bs, self.topk, dtype=torch.int64, device=device),
                 None if hidden_size is None else torch.zeros(bs, hidden_size, dtype=hidden_dtype, device=device))
         topk_p, topk_index, hidden = self._stubs
-        # marked: the scheduler's relay then carries the bonus token alone (glue.relay.bonus_only_after_fill)
-        draft_input.topk_p, draft_input.topk_index = mark_stub(topk_p[:bs]), mark_stub(topk_index[:bs])
-        if hidden is not None:
-            draft_input.hidden_states = mark_stub(hidden[:bs])
+        return mark_stub(topk_p[:bs]), mark_stub(topk_index[:bs]), None if hidden is None else mark_stub(hidden[:bs])
 
     def _fill_rows(self, next_token_ids, target_hidden, seq_lens, out_cache_loc):
         """Into the draft KV pool at ``out_cache_loc`` [bs] (the verify's slots): :meth:`FusedDrafter.draft_kv` of
@@ -473,9 +480,10 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
         return result
 
 
-class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
+class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
     """SGLang's EAGLE V2 worker with our draft worker and our tree verification (greedy and sampled); the start of
-    the lean draft phase and draft extend: :class:`~sgl_eagle_triton.lean_phases.LeanStarts`."""
+    the lean draft phase and draft extend: :class:`~sgl_eagle_triton.lean_phases.LeanStarts`; adaptive steps 0 held as
+    SGLang's non-speculative decode: :class:`~sgl_eagle_triton.off_route.NonspecRoute`."""
 
     plain_off: PlainOff | None = None  # steps 0 as a plain decode step (start_plain_off, from init_cuda_graphs)
     plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
@@ -695,6 +703,7 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         super().init_cuda_graphs()
         self.start_verify_in_graph()
         self.start_plain_off()
+        self.start_nonspec()
         self.compile_eager_kernels()
         self.capture_draft_kv()
         self.start_lean_draft()
@@ -823,10 +832,15 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         policy does not time the decode step after it."""
         extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         self._pre_activated = False
+        self._plain_inflight = None
         if self.cost_policy is not None and extend:
             self.cost_policy.forget_last_step()
-        if self._ab_steps and not extend and not batch.forward_mode.is_idle():
-            self._next_ab_arm()
+        if self._ab_steps and not extend and not batch.forward_mode.is_idle() and not self._decided_at_prep:
+            self._next_ab_arm()  # (under off_route at the batch's preparation, with its state)
+        if self.nonspec_on and not extend and nonspec.is_nonspec(batch):  # off_route: the state put in force at
+            self._decided_at_prep = False  # the batch's preparation
+            return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
+                                            lambda: self._nonspec_step(batch))
         if self.plain_off is not None and not extend and not args and not batch.forward_mode.is_idle():
             # timed (diagnostics) over the same span as SGLang's method: the state put in force included
             return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
@@ -836,8 +850,12 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
     def _decode_step(self, batch, **kwargs):
         """A decode step where the plain steps 0 runs: the state put in force here, then a plain steps-0 step entered
         directly (:meth:`_direct_plain_step`; not in the A/B's other arm) or SGLang's flow, whose own call to put the
-        state in force is then a no-op (:attr:`_pre_activated`)."""
-        self.activate_step_by_batch(batch.seq_lens.shape[0])
+        state in force is then a no-op (:attr:`_pre_activated`). Under the non-speculative route the batch's
+        preparation put it in force (off_route.NonspecRoute.prepare_decode)."""
+        if self._decided_at_prep:
+            self._decided_at_prep = False
+        else:
+            self.activate_step_by_batch(batch.seq_lens.shape[0])
         if (not self._direct_paused and self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only
                 and batch.spec_info is not None and off_step.serves(batch)):
             return self._direct_plain_step(batch, **kwargs)
@@ -862,6 +880,8 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         reads: whether the graph epilogue already filled, and the WAR event to record once the fill has been launched
         (the scheduler's barrier then takes its fast path, as after a decode step)."""
         result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+        if self.nonspec_on:  # (off_route: a batch whose plain step is in flight can turn non-speculative)
+            self._plain_inflight = batch.reqs
         self.draft_worker.kv_filled_in_graph = self.plain_off.filled
         self.draft_worker.read_done_after_fill = self._publish_read_done
         return result
@@ -882,6 +902,10 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
             if self.plain_off is None:
                 return
             self._direct_paused = off
+        elif self._ab_feature == "off_nonspec":
+            if not self.nonspec_on:
+                return
+            self._nonspec_paused = off
         elif self._ab_feature == "lean_extend":
             if not self.lean_extend_on:
                 return
@@ -992,6 +1016,8 @@ class EagleTritonWorkerV2(LeanStarts, EAGLEWorkerV2):
         elif self.plain_off_declined is not None:
             kernels["steps 0"] = (f"SGLang's one-node verify, the draft KV fill (plain step declined: "
                                   f"{self.plain_off_declined})")
+        if self.nonspec_on:
+            kernels["steps 0 held"] = "SGLang's non-speculative decode around the plain step (the batch turned)"
         if self.verify_epilogue is not None and self.verify_epilogue.enabled:
             kernels["greedy verify"] = (f"inside the target's verify graphs for chains of "
                                         f"{sorted(self.verify_epilogue.enabled)} draft tokens")

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sgl_eagle_triton import config
+from sgl_eagle_triton.off_route import NONSPEC_ENTERED, NONSPEC_LEFT, NONSPEC_STEP
 from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
 from sgl_eagle_triton.worker import DRAFT_KV_FILL, GRAPH_EPILOGUE
 from tests.e2e import (
+    MAX_NEW_TOKENS,
     MIXED_DRAFT_TOKENS,
     PROMPTS,
     TREE_DRAFT_TOKENS,
@@ -57,6 +60,14 @@ CANDIDATES = {"0", "1", "3", "7"}  # SGLang 0.5.17's default brackets
 # Stock and ours adapt by the same EMA of what they accept, so their step sequences may part after a near-tie
 # token. Measured with SGLang's verify attention (H100, 2026-11-26): equal, 1.820 and 1.820, token for token; ours
 # must reach tests.e2e.accept_share of stock's, as in tests/test_e2e_deploy.py.
+
+
+def _report(summary: dict, name: str) -> None:
+    """Print ``summary`` and write it as ``name`` into ``E2E_REPORT_DIR`` where that is set."""
+    print(json.dumps(summary, indent=1))
+    if os.environ.get("E2E_REPORT_DIR"):
+        with open(os.path.join(os.environ["E2E_REPORT_DIR"], name), "w") as f:
+            json.dump(summary, f, indent=1)
 
 
 def _cost_config(tmp_path):
@@ -90,10 +101,7 @@ def test_adaptive_is_lossless_across_switches(tmp_path):
     summary["ours_equal_to_stock"] = {k: results["ours"][k] == results["stock"][k]
                                       for k in ("generate", "generate_concurrent")}
     summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+    _report(summary, "adaptive.json")
     for key in ("ours", "ours_cycle", "ours_cost"):
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
@@ -176,10 +184,7 @@ def test_plain_off_samples_as_no_spec(tmp_path):
     summary = {key: {pattern: _parted(results[key][pattern], results["nospec"][pattern])
                      for pattern in ("one_by_one", "concurrent")} for key in ours}
     summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-sampled.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+    _report(summary, "adaptive-sampled.json")
     for key in ours:
         assert reports[key]["errors"] == [], (key, reports[key])
         assert all(len(ids) == SAMPLED_TOKENS for pattern in ("one_by_one", "concurrent")
@@ -211,10 +216,7 @@ def _serve_tree_candidates(servers: dict, ours: tuple, report_name: str, shapes:
     summary = {key: {"accept_length": results[key]["accept_length"],
                      "vs_nospec": verdicts(results[key], results["nospec"])} for key in ours}
     summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], report_name), "w") as f:
-            json.dump(summary, f, indent=1)
+    _report(summary, report_name)
     for key in ours:
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
@@ -308,10 +310,7 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
     summary = {key: {"accept_length": results[key]["accept_length"],
                      "vs_nospec": verdicts(results[key], results["nospec"])} for key in ("ours_cycle", "ours_cost")}
     summary["reports"] = reports
-    print(json.dumps(summary, indent=1))
-    if os.environ.get("E2E_REPORT_DIR"):
-        with open(os.path.join(os.environ["E2E_REPORT_DIR"], "adaptive-tp2.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+    _report(summary, "adaptive-tp2.json")
     for key in ("ours_cycle", "ours_cost"):
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [] and reports[key]["ran"].get("triton verify_tree_greedy", 0) > 0, key
@@ -320,3 +319,74 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
     assert set(steps) == CANDIDATES and min(steps.values()) >= 50, steps
     policy = reports["ours_cost"]["adaptive_policy"]
     assert {key.split(",")[0] for key in policy["replay_ms"]} == CANDIDATES, policy
+
+
+# Batches of one request at steps 0, larger ones drafting at 1: one by one the batch is held at steps 0 (turned
+# non-speculative under OFF_NONSPEC_ENV), all at once it drafts, and it turns back and forth as requests join and
+# finish
+ONE_OFF_MORE_DRAFT = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [1]}}
+
+
+STAGGER_S = 0.12  # about half a greedy request's time at batch 1 (128 tokens at 1.5-2.5 ms): each joins one decoding
+
+
+def _serve_staggered(server, with_logprobs: bool) -> dict:
+    """:func:`tests.e2e.serve_generate`'s greedy requests, one by one (with no-spec's log-probs), then each arriving
+    :data:`STAGGER_S` after the one before (in place of all at once: a request joins a batch of one already decoding,
+    and leaves one behind); then :func:`_serve_sampled`'s seeded sampled requests."""
+    result = serve_generate(server, with_logprobs)
+
+    def late(i: int) -> list[int]:
+        time.sleep(i * STAGGER_S)
+        return server.generate(PROMPTS[i], MAX_NEW_TOKENS)["output_ids"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        result["generate_concurrent"] = list(pool.map(late, range(len(PROMPTS))))
+    return {**result, **_serve_sampled(server, with_logprobs)}
+
+
+def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
+    """``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` (sgl_eagle_triton/off_route.py): the batch held at steps 0 is a
+    non-speculative batch for the scheduler. Steps 0 for good, batches of one at steps 0 and larger ones drafting
+    (staggered arrivals turn the batch at every change of size: a request merged into a non-speculative batch, the
+    batch back to drafting, and back), and the cost policy: greedy outputs tie-aware equal to no-spec's, and seeded
+    sampled ones token for token no-spec's (steps 0 for good: the plain step samples as no-spec)."""
+    off, bracket = tmp_path / "off.json", tmp_path / "bracket.json"
+    off.write_text(json.dumps(OFF_FOR_GOOD))
+    bracket.write_text(json.dumps(ONE_OFF_MORE_DRAFT))
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
+    env = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}
+    servers = {
+        "nospec": e2e_server("nonspec-nospec", TARGET, [], tmp_path),
+        "ours_off": e2e_server("nonspec-EAGLE_TRITON-off", TARGET, [
+            *spec, "--speculative-adaptive-config", str(off), "--speculative-num-steps", "1"], tmp_path, env=env),
+        "ours_bracket": e2e_server("nonspec-EAGLE_TRITON-bracket", TARGET, [
+            *spec, "--speculative-adaptive-config", str(bracket), "--speculative-num-steps", "1"], tmp_path, env=env),
+        "ours_cost": e2e_server("nonspec-EAGLE_TRITON-cost", TARGET, [
+            *spec, "--speculative-adaptive-config", str(_cost_config(tmp_path))], tmp_path, env=env),
+    }
+    ours = ("ours_off", "ours_bracket", "ours_cost")
+    results, infos = serve_concurrently(servers, _serve_staggered, ours)
+    reports = {key: info["eagle_triton"] for key, info in infos.items()}
+    summary = {key: {"accept_length": results[key]["accept_length"],
+                     "vs_nospec": verdicts(results[key], results["nospec"]),
+                     "sampled_parted": {p: _parted(results[key][p], results["nospec"][p])
+                                        for p in ("one_by_one", "concurrent")}} for key in ours}
+    summary["reports"] = reports
+    _report(summary, "adaptive-nonspec.json")
+    for key in ours:
+        assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
+        assert reports[key]["errors"] == [], (key, reports[key])
+        assert all(len(ids) == SAMPLED_TOKENS for p in ("one_by_one", "concurrent") for ids in results[key][p]), key
+    assert summary["ours_off"]["sampled_parted"] == {"one_by_one": [], "concurrent": []}, summary["ours_off"]
+    ran = reports["ours_off"]["ran"]
+    # all but each batch's first decode step (a plain step on the speculative path) non-speculative
+    assert ran.get(NONSPEC_STEP, 0) >= SAMPLED_REQUESTS * (SAMPLED_TOKENS - 2) and ran.get(NONSPEC_ENTERED, 0), ran
+    # measured without the staggered arrivals (H200): entered 67 times, never back (requests came one at a time or
+    # all at once); with them each arrival into a batch of one turns it back
+    ran = reports["ours_bracket"]["ran"]
+    assert ran.get(NONSPEC_ENTERED, 0) >= 10 and ran.get(NONSPEC_LEFT, 0) >= 3 and ran.get(NONSPEC_STEP, 0), ran
+    assert {"0", "1"} <= set(reports["ours_bracket"]["adaptive_steps_in_force"]), reports["ours_bracket"]
+    # measured (H200): the cost policy's batch turned 19 times and back 14
+    ran = reports["ours_cost"]["ran"]
+    assert ran.get(NONSPEC_ENTERED, 0) >= 3 and ran.get(NONSPEC_LEFT, 0) >= 3, ran

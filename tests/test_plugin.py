@@ -723,6 +723,32 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         config._validate(Overlay(args.record, tp_size=2))
 
 
+def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_plain_step(monkeypatch):
+    """SGLANG_EAGLE_TRITON_OFF_NONSPEC: 0 or 1; 1 only with the plain step required (PLAIN_OFF=1), the overlap
+    scheduler and page size 1; its A/B only under 1. Each refusal names what to change (the worker checks SGLang's
+    touchpoints at start)."""
+    adaptive = ("--speculative-adaptive",)
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "yes")
+    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_OFF_NONSPEC='yes'.*Give 1"):
+        _args(*adaptive)
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with SGLANG_EAGLE_TRITON_PLAIN_OFF not 1.*Set"):
+        _args(*adaptive)
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
+    _args(*adaptive)
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --disable-overlap-schedule.*Remove"):
+        _args(*adaptive, "--disable-overlap-schedule")
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --page-size 16.*Use --page-size 1"):
+        _args(*adaptive, "--page-size", "16")
+    for name, value in ((config.AB_STEPS_ENV, "16"), (config.CYCLE_TIMING_ENV, "200"),
+                        (config.AB_FEATURE_ENV, "off_nonspec")):
+        monkeypatch.setenv(name, value)
+    _args(*adaptive)
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for off_nonspec without .*OFF_NONSPEC=1.*Set"):
+        _args(*adaptive)
+
+
 def test_the_lean_draft_is_the_default_and_required_with_1_on_one_gpu_without_the_draft_check_or_paged_trees(
         monkeypatch):
     """SGLANG_EAGLE_TRITON_LEAN_DRAFT (the draft phase without SGLang's prepare_for_draft): unset (the lean phase

@@ -10,10 +10,12 @@
   override, the signatures we call, and the start-up check that all of them are still where we expect
   (:func:`~sgl_eagle_triton.glue.call_sites.check_glue`);
 - :mod:`~sgl_eagle_triton.glue.relay`: the overlap scheduler's relay (SGLang's ``FutureMap``, subclassed) carrying the
-  bonus token alone after a step that only filled the draft KV.
+  bonus token alone after a step that only filled the draft KV;
+- :mod:`~sgl_eagle_triton.glue.nonspec`: a batch held at adaptive steps 0 turned non-speculative for SGLang's scheduler
+  and back (its lengths and KV reservation; SGLang's decode preparation and result processing wrapped), opt-in.
 
 Version differences are adapters chosen once, by probing the installed SGLang (a signature, an attribute), never
 ``if version`` checks in the worker, config or verify modules. docs/design.md holds the table of every touchpoint.
-``versions`` and ``args`` import nothing heavy (config reads them in the launcher); ``call_sites`` imports SGLang's
-speculative modules and is imported by the worker only.
+``versions`` and ``args`` import nothing heavy (config reads them in the launcher); ``call_sites`` and ``nonspec``
+import SGLang's speculative and scheduler modules and are imported by the worker only.
 """

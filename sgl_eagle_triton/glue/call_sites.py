@@ -406,6 +406,11 @@ def one_token_forward(target_worker, batch):
     return forward_batch, target_worker.forward_batch_generation(None, forward_batch=forward_batch, is_verify=True)
 
 
+def as_decode(batch) -> None:
+    """``batch`` (SGLang's ``ScheduleBatch``) in decode mode again after a plain step ran it as a one-node verify."""
+    batch.forward_mode = ForwardMode.DECODE
+
+
 def sample_as_decode(model_runner, logits_output, forward_batch):
     """SGLang's no-spec sampler (``ModelRunner.sample``) over the one-token forward's logits [bs, vocab], with the
     batch seen as a decode step for the call, so that the sampler gets the positions no-spec gives it (the fed

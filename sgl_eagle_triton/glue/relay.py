@@ -24,6 +24,10 @@ import functools
 import torch
 
 STUB_MARK = "sgl_eagle_triton_stub"  # set on the stub tensors of a fill-only step's draft input
+# set on a draft input whose batch's seq_lens are already what the step reads (a batch turned speculative again after
+# non-speculative steps: glue.nonspec.leave): the relay's sequence-length resolve leaves them
+LENGTHS_KEPT = "sgl_eagle_triton_lengths_kept"
+SERVER_FUTURE_MAP = None  # the future map bonus_only_after_fill made last in this process (a scheduler makes one)
 
 
 def mark_stub(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -40,16 +44,24 @@ def is_stub(tensor) -> bool:
 def bonus_only_after_fill(future_map):
     """``future_map`` (SGLang's ``FutureMap``, as the speculative algorithm's ``create_future_map`` made it) with its
     class swapped for a subclass of that class relaying a fill-only step's bonus token alone (the module's
-    docstring); returns it."""
+    docstring), and a draft input marked :data:`LENGTHS_KEPT` keeping its batch's ``seq_lens`` at the sequence-length
+    resolve; returns it (kept in :data:`SERVER_FUTURE_MAP`)."""
+    global SERVER_FUTURE_MAP
     future_map.__class__ = _bonus_only_class(type(future_map))
+    SERVER_FUTURE_MAP = future_map
     return future_map
 
 
 @functools.cache
 def _bonus_only_class(base: type) -> type:
-    ci_asserts = _sglang_ci_asserts()  # a constant of SGLang's module, read once
+    ci_asserts = sglang_ci_asserts()  # a constant of SGLang's module, read once
 
     class BonusOnlyAfterFill(base):
+        def resolve_seq_lens_cpu(self, batch, *args, **kwargs):
+            if getattr(batch.spec_info, LENGTHS_KEPT, False):
+                return None
+            return super().resolve_seq_lens_cpu(batch, *args, **kwargs)
+
         def stash(self, future_indices, payload):
             if not _relays_bonus_alone(self, payload) or future_indices.shape[0] == 0:
                 return super().stash(future_indices, payload)
@@ -99,7 +111,7 @@ def _stubs_of_size(draft_input, bs: int) -> None:
             setattr(draft_input, name, mark_stub(stub.new_zeros((bs, *stub.shape[1:]))))
 
 
-def _sglang_ci_asserts() -> bool:
+def sglang_ci_asserts() -> bool:
     """SGLang's relay assertions (``SGLANG_IS_IN_CI``) poison consumed rows: its own methods run them."""
     from sglang.srt.managers import overlap_utils
 

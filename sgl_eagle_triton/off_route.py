@@ -1,0 +1,126 @@
+"""Adaptive steps 0 held as SGLang's non-speculative decode (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1``,
+config.OFF_NONSPEC_ENV): the worker's side, the mixin :class:`NonspecRoute` of
+:class:`sgl_eagle_triton.worker.EagleTritonWorkerV2`.
+
+Where the policy holds steps 0, the running batch turns non-speculative for the scheduler (SGLang's own decode
+preparation, launch and result processing; the scheduler's side, the lengths and the KV reservation:
+:mod:`sgl_eagle_triton.glue.nonspec`) and the worker runs the plain step inside (:meth:`NonspecRoute._nonspec_step`).
+The decision moves from the worker's launch to the batch's preparation (:meth:`NonspecRoute.prepare_decode`: the policy
+puts the step's state in force there, the launch then keeps it):
+
+- a step the policy drafts or resumes: a non-speculative batch turns speculative again (``nonspec.leave``: the step
+  resumes with the full draft extend, as after any plain step);
+- a plain step (steps 0, the draft KV filled only, a batch the plain step serves): a speculative batch whose plain
+  step is in flight for every one of its requests turns non-speculative (``nonspec.enter``); otherwise the step runs
+  as a plain step on the speculative path (the first of a run of them, or after a prefill merged new requests in);
+  a non-speculative batch stays so.
+
+The result processing of a non-speculative step feeds the policy and SGLang's speculative metrics a plain step's
+zero accepted drafts (:meth:`NonspecRoute.feed_nonspec_step`), as the speculative path does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sgl_eagle_triton import ALGORITHM_NAME, config, off_step
+from sgl_eagle_triton.glue import call_sites as glue
+from sgl_eagle_triton.glue import nonspec
+from sgl_eagle_triton.glue.args import settings
+from sgl_eagle_triton.verify import note_ran
+
+logger = logging.getLogger(__name__)
+
+NONSPEC_STEP = "plain off step as a non-speculative batch"  # verify.RAN's key (kernel report)
+NONSPEC_ENTERED = "batch turned non-speculative"
+NONSPEC_LEFT = "batch turned speculative again"
+
+
+class NonspecRoute:
+    """The route's methods on the EAGLE V2 worker (needs its ``plain_off``, ``draft_worker``, policy and
+    ``_run_plain_step``)."""
+
+    nonspec_on = False  # the route runs (start_nonspec)
+    _decided_at_prep = False  # this decode step's state was put in force at its preparation
+    _plain_inflight = None  # the requests (list) of the plain step launched last on the speculative path, if the
+    # worker launched nothing since
+    _algorithm = None  # the server's speculative algorithm (a non-speculative batch's, back)
+    _nonspec_paused = False  # the A/B's arm without the route (config.AB_ARMS["off_nonspec"]): plain steps stay on
+    # the speculative path
+
+    def start_nonspec(self) -> None:
+        """The route, where ``config.OFF_NONSPEC_ENV=1`` asks for it; refused (RuntimeError naming what to change)
+        where it cannot run: the plain step declined, or this SGLang's touchpoints (``nonspec.problems``)."""
+        if not config.off_nonspec():
+            return
+        why = None
+        if self.plain_off is None:
+            why = f"the plain steps 0 does not run ({self.plain_off_declined or 'declined'})"
+        elif getattr(settings(self.server_args), "disable_overlap_schedule", False):  # (SGLang may turn it off
+            why = "the overlap scheduler is off"  # after the argument check)
+        elif problems := nonspec.problems():
+            why = "; ".join(problems)
+        if why is not None:
+            raise RuntimeError(f"{ALGORITHM_NAME}: {config.OFF_NONSPEC_ENV}=1 cannot run here: {why}. Unset "
+                               f"{config.OFF_NONSPEC_ENV}.")
+        self.nonspec_on = True
+        nonspec.install(self)
+        logger.info("%s: adaptive steps 0, held, runs as SGLang's non-speculative decode (%s=1)", ALGORITHM_NAME,
+                    config.OFF_NONSPEC_ENV)
+
+    def prepare_decode(self, prepare, batch):
+        """SGLang's ``ScheduleBatch.prepare_for_decode`` of ``batch`` (``prepare``), after this step's state is put in
+        force and the batch turned (the module's docstring)."""
+        self._pre_activated = False
+        if self._ab_steps:  # the A/B's arm of this step, with its state (config.AB_STEPS_ENV)
+            self._next_ab_arm()
+        self.activate_step_by_batch(len(batch.reqs))
+        self._decided_at_prep = True
+        plain = (self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only and off_step.serves(batch)
+                 and not self._nonspec_paused)
+        if nonspec.is_nonspec(batch):
+            if plain and nonspec.can_stay(batch):
+                nonspec.trim(batch)
+            else:
+                nonspec.leave(batch, self._algorithm, self.draft_worker.stubs_of(batch))
+                note_ran(NONSPEC_LEFT)
+        elif plain and self._plain_in_flight_for(batch):
+            self._algorithm = batch.spec_algorithm
+            nonspec.enter(batch)
+            note_ran(NONSPEC_ENTERED)
+        return prepare(batch)
+
+    def _plain_in_flight_for(self, batch) -> bool:
+        """Whether the last step launched was a plain step on the speculative path of every request of ``batch``
+        (launched, its result not yet processed: SGLang's overlap loop processes a step's result after launching the
+        next, and prepares the next before that, also where it processes before the launch)."""
+        inflight = self._plain_inflight
+        if inflight is None:
+            return False
+        ids = {id(req) for req in inflight}
+        return all(id(req) in ids for req in batch.reqs)
+
+    def _nonspec_step(self, batch):
+        """A decode step of a non-speculative ``batch`` (its preparation SGLang's: ``seq_lens`` count its input token,
+        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token, its draft KV fill, the batch
+        as SGLang's launch expects it back (non-speculative lengths, decode mode, no draft input)."""
+        after, after_cpu = batch.seq_lens, batch.seq_lens_cpu
+        tokens = nonspec.relayed_tokens(batch)
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after - 1, after_cpu - 1, None
+        batch.spec_info = self.plain_off.verify_input_of(tokens, batch.seq_lens, self.topk)
+        try:
+            result = self._run_plain_step(batch)
+            self.draft_worker._draft_extend_for_decode(batch, result)
+        finally:
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, None
+            glue.as_decode(batch)
+            batch.spec_info = None
+        note_ran(NONSPEC_STEP)
+        return result
+
+    def feed_nonspec_step(self, processor, batch) -> None:
+        """Before SGLang's result processing of a non-speculative decode ``batch`` (its ``processor``): the policy and
+        the speculative metrics get a plain step's zero accepted drafts a request."""
+        bs = len(batch.reqs)
+        nonspec.feed_metrics(processor, batch)
+        self.on_verify_complete_cpu([0] * bs, batch_size=bs)
