@@ -146,12 +146,21 @@ def _memory_mib(server: Server) -> dict:
     return {"server_rss": sum(p.memory_info().rss for p in procs) / 2**20, "gpu_used": (total - free) / 2**20}
 
 
-@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "adaptive_mixed_cycle", "tp2"])
+# held steps 0 as SGLang's non-speculative decode under load: batch-size brackets that alternate steps 0 and drafting,
+# so that as requests come, finish, abort and disconnect the batch turns non-speculative and back
+NONSPEC_BRACKETS = {"1": {"candidate_steps": [0]}, "8": {"candidate_steps": [1]}, "24": {"candidate_steps": [0]},
+                    "48": {"candidate_steps": [3]}}
+
+
+@pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "adaptive_mixed_cycle", "tp2",
+                                  "adaptive_nonspec"])
 def test_load_and_faults(tmp_path, mode):
     """``static``: the tree SPEC_TREE; ``adaptive_cycle``: ``--speculative-adaptive`` with the cycle knob (the step
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
     ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``adaptive_mixed_cycle``: over
-    chains among trees (MIXED_DRAFT_TOKENS); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs)."""
+    chains among trees (MIXED_DRAFT_TOKENS); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs); ``adaptive_nonspec``: held
+    steps 0 as SGLang's non-speculative decode (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1``) under
+    :data:`NONSPEC_BRACKETS`."""
     parallel, env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
     steps, topk, n = SPEC_TREE
@@ -163,6 +172,12 @@ def test_load_and_faults(tmp_path, mode):
         shape, env, reserved = ["--speculative-adaptive"], {config.ADAPTIVE_CYCLE_ENV: "1"}, ADAPTIVE_RESERVED
     elif mode == "adaptive_trees_cycle":
         shape, env, reserved = adaptive_tree_flags(tmp_path), {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
+    elif mode == "adaptive_nonspec":
+        brackets = tmp_path / "brackets.json"
+        brackets.write_text(json.dumps(NONSPEC_BRACKETS))
+        shape = ["--speculative-adaptive", "--speculative-adaptive-config", str(brackets), "--speculative-num-steps",
+                 "1"]
+        env, reserved = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}, ADAPTIVE_RESERVED
     elif mode == "adaptive_mixed_cycle":  # the widest candidate's reservation is the trees' (5 steps x TREE_TOPK)
         shape = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
         env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED
@@ -209,3 +224,5 @@ def test_load_and_faults(tmp_path, mode):
     assert not report["memory_growth_problems"], report["memory_growth_problems"]
     assert not report["log_problems"], report["log_problems"][:20]
     assert "triton tree_speculative_sampling ran" in log and "triton verify_tree_greedy ran" in log
+    if mode == "adaptive_nonspec":
+        assert "batch turned non-speculative ran" in log and "batch turned speculative again ran" in log
