@@ -668,6 +668,13 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
                 _args(*argv)
 
 
+def _ab_of(monkeypatch, feature: str) -> None:
+    """An A/B inside one server of ``feature`` asked for: 16 steps an arm, with the cycle timing."""
+    for name, value in ((config.AB_STEPS_ENV, "16"), (config.CYCLE_TIMING_ENV, "200"),
+                        (config.AB_FEATURE_ENV, feature)):
+        monkeypatch.setenv(name, value)
+
+
 def test_the_lean_extend_is_the_default_and_refused_under_1_where_it_cannot_run(monkeypatch):
     """SGLANG_EAGLE_TRITON_LEAN_EXTEND: 0 or 1, unset the default (wherever it can run: the worker declines it
     elsewhere, so no server args are refused for it); 1 only on the SGLang it was read from and GPU-run on, with a
@@ -684,9 +691,7 @@ def test_the_lean_extend_is_the_default_and_refused_under_1_where_it_cannot_run(
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "0")
     _args(*chain)
     assert config.lean_extend_mode() == "off"
-    for name, value in ((config.AB_STEPS_ENV, "16"), (config.CYCLE_TIMING_ENV, "200"),
-                        (config.AB_FEATURE_ENV, "lean_extend")):
-        monkeypatch.setenv(name, value)
+    _ab_of(monkeypatch, "lean_extend")
     with pytest.raises(EagleTritonConfigError, match="AB_STEPS for lean_extend without .*LEAN_EXTEND=1.*Set"):
         _args(*chain)
     monkeypatch.setenv(config.LEAN_EXTEND_ENV, "1")
@@ -740,9 +745,7 @@ def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_
         _args(*adaptive, "--disable-overlap-schedule")
     with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --page-size 16.*Use --page-size 1"):
         _args(*adaptive, "--page-size", "16")
-    for name, value in ((config.AB_STEPS_ENV, "16"), (config.CYCLE_TIMING_ENV, "200"),
-                        (config.AB_FEATURE_ENV, "off_nonspec")):
-        monkeypatch.setenv(name, value)
+    _ab_of(monkeypatch, "off_nonspec")
     _args(*adaptive)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
     with pytest.raises(EagleTritonConfigError, match="AB_STEPS for off_nonspec without .*OFF_NONSPEC=1.*Set"):
