@@ -40,7 +40,7 @@ import functools
 
 import torch
 from sglang.srt.managers import overlap_utils
-from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_batch import ReqKvInfo, ScheduleBatch
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -52,6 +52,10 @@ TESTED = ("0.5.17",)  # the releases this route was read and run on
 _MARKER = "sgl_eagle_triton_nonspec"
 
 ROUTE = None  # the worker whose route runs in this process (install), None without one
+# chosen once: where a request's committed length lives (0.5.17 the request; 0.5.19+ its ReqKvInfo), and whether
+# SGLang's CI relay assertions run (a constant of its module)
+_COMMITTED_ON_KV = "kv_committed_len" in getattr(ReqKvInfo, "__annotations__", {})
+_CI_ASSERTS = relay.sglang_ci_asserts()
 
 
 def is_nonspec(batch) -> bool:
@@ -60,8 +64,7 @@ def is_nonspec(batch) -> bool:
 
 def committed(req) -> int:
     """A request's committed KV length (0.5.17 ``Req.kv_committed_len``; 0.5.19+ ``req.kv.kv_committed_len``)."""
-    kv = req.kv
-    return kv.kv_committed_len if hasattr(kv, "kv_committed_len") else req.kv_committed_len
+    return req.kv.kv_committed_len if _COMMITTED_ON_KV else req.kv_committed_len
 
 
 def _free_beyond(batch, lengths: list[int]) -> None:
@@ -131,7 +134,7 @@ def relayed_tokens(batch) -> torch.Tensor:
     assertions (``SGLANG_IS_IN_CI``: a row read without a stash since fails)."""
     future_map = relay.SERVER_FUTURE_MAP
     tokens = future_map.output_tokens_buf[batch.req_pool_indices]
-    if relay.sglang_ci_asserts():
+    if _CI_ASSERTS:
         overlap_utils._assert_nonneg_and_invalidate(tokens, future_map.output_tokens_buf, batch.req_pool_indices)
     return tokens
 
