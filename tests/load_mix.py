@@ -60,6 +60,11 @@ NEAR_LIMIT_LEN = near_limit_len(reserved_tokens(*SPEC_TREE))
 # --speculative-adaptive with SGLang's default brackets: it reserves max(topk * initial steps 3, widest candidate's
 # draft tokens 7 + 1) = 8 (compute_num_reserved_tokens)
 ADAPTIVE_RESERVED = 8
+# the load test's held-steps-0 server (--speculative-num-steps 1 under these brackets): it reserves max(topk 1 x
+# initial steps 1, widest candidate's steps 3 + 1) = 4
+NONSPEC_BRACKETS = {"1": {"candidate_steps": [0]}, "8": {"candidate_steps": [1]}, "24": {"candidate_steps": [0]},
+                    "48": {"candidate_steps": [3]}}
+NONSPEC_RESERVED = 4
 
 
 def near_limit_ids(length: int, variant: int) -> list[int]:

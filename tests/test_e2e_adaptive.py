@@ -382,11 +382,11 @@ def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
     ran = reports["ours_off"]["ran"]
     # all but each batch's first decode step (a plain step on the speculative path) non-speculative
     assert ran.get(NONSPEC_STEP, 0) >= SAMPLED_REQUESTS * (SAMPLED_TOKENS - 2) and ran.get(NONSPEC_ENTERED, 0), ran
-    # measured without the staggered arrivals (H200): entered 67 times, never back (requests came one at a time or
-    # all at once); with them each arrival into a batch of one turns it back
+    # measured with the staggered arrivals (H200): entered 69 times, back 2 (an arrival into a held batch of one;
+    # most arrivals find it drafting or empty); without them never back. Floors: half the entries, one turn back
     ran = reports["ours_bracket"]["ran"]
-    assert ran.get(NONSPEC_ENTERED, 0) >= 10 and ran.get(NONSPEC_LEFT, 0) >= 3 and ran.get(NONSPEC_STEP, 0), ran
+    assert ran.get(NONSPEC_ENTERED, 0) >= 30 and ran.get(NONSPEC_LEFT, 0) >= 1 and ran.get(NONSPEC_STEP, 0), ran
     assert {"0", "1"} <= set(reports["ours_bracket"]["adaptive_steps_in_force"]), reports["ours_bracket"]
-    # measured (H200): the cost policy's batch turned 19 times and back 14
+    # measured (H200): the cost policy's batch turned 19 times and back 14; 12 and 11 in a second run
     ran = reports["ours_cost"]["ran"]
     assert ran.get(NONSPEC_ENTERED, 0) >= 3 and ran.get(NONSPEC_LEFT, 0) >= 3, ran

@@ -30,6 +30,8 @@ from tests.e2e import MIXED_DRAFT_TOKENS, TREE_RESERVED, adaptive_tree_flags, e2
 from tests.load_mix import (
     ADAPTIVE_RESERVED,
     CONTEXT_LEN,
+    NONSPEC_BRACKETS,
+    NONSPEC_RESERVED,
     SPEC_TREE,
     apply_payload,
     build_mix,
@@ -148,8 +150,6 @@ def _memory_mib(server: Server) -> dict:
 
 # held steps 0 as SGLang's non-speculative decode under load: batch-size brackets that alternate steps 0 and drafting,
 # so that as requests come, finish, abort and disconnect the batch turns non-speculative and back
-NONSPEC_BRACKETS = {"1": {"candidate_steps": [0]}, "8": {"candidate_steps": [1]}, "24": {"candidate_steps": [0]},
-                    "48": {"candidate_steps": [3]}}
 
 
 @pytest.mark.parametrize("mode", ["static", "adaptive_cycle", "adaptive_trees_cycle", "adaptive_mixed_cycle", "tp2",
@@ -177,7 +177,7 @@ def test_load_and_faults(tmp_path, mode):
         brackets.write_text(json.dumps(NONSPEC_BRACKETS))
         shape = ["--speculative-adaptive", "--speculative-adaptive-config", str(brackets), "--speculative-num-steps",
                  "1"]
-        env, reserved = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}, ADAPTIVE_RESERVED
+        env, reserved = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}, NONSPEC_RESERVED
     elif mode == "adaptive_mixed_cycle":  # the widest candidate's reservation is the trees' (5 steps x TREE_TOPK)
         shape = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
         env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED

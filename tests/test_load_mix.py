@@ -1,5 +1,6 @@
 """CPU checks of the load/fault test's request mix and pass criteria (tests/load_mix.py)."""
 
+import json
 from collections import Counter
 
 import pytest
@@ -11,6 +12,8 @@ from tests.load_mix import (
     CONTEXT_LEN,
     INVALID_PARAMS,
     NEAR_LIMIT_LEN,
+    NONSPEC_BRACKETS,
+    NONSPEC_RESERVED,
     SPEC_TREE,
     LoadRequest,
     apply_payload,
@@ -57,7 +60,7 @@ def test_mix_is_deterministic_and_covers_every_case():
     assert sum(r.compare for r in MIX) >= 100
 
 
-def test_reserved_tokens_match_sglang(eagle_triton_args):
+def test_reserved_tokens_match_sglang(eagle_triton_args, tmp_path):
     from sglang.srt.managers.utils import compute_num_reserved_tokens
 
     steps, topk, n = SPEC_TREE
@@ -71,6 +74,13 @@ def test_reserved_tokens_match_sglang(eagle_triton_args):
         "--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm", "EAGLE_TRITON",
         "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"), "--speculative-adaptive"])
     assert compute_num_reserved_tokens(adaptive.record) == ADAPTIVE_RESERVED
+    brackets = tmp_path / "brackets.json"
+    brackets.write_text(json.dumps(NONSPEC_BRACKETS))
+    nonspec = eagle_triton_args([
+        "--model-path", str(TRAINED_PAIR / "target"), "--speculative-algorithm", "EAGLE_TRITON",
+        "--speculative-draft-model-path", str(TRAINED_PAIR / "eagle3"), "--speculative-adaptive",
+        "--speculative-adaptive-config", str(brackets), "--speculative-num-steps", "1"])
+    assert compute_num_reserved_tokens(nonspec.record) == NONSPEC_RESERVED
 
 
 def test_the_adaptive_mix_is_built_for_its_reservation():
