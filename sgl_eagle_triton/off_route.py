@@ -102,14 +102,17 @@ class NonspecRoute:
 
     def _nonspec_step(self, batch):
         """A decode step of a non-speculative ``batch`` (its preparation SGLang's: ``seq_lens`` count its input token,
-        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token, its draft KV fill, the batch
-        as SGLang's launch expects it back (non-speculative lengths, decode mode, no draft input)."""
+        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token in that slot (no gather
+        from ``req_to_token``; a result without accept lengths: SGLang's non-speculative processing reads none), its
+        draft KV fill, the batch as SGLang's launch expects it back (non-speculative lengths, decode mode, no draft
+        input)."""
         after, after_cpu = batch.seq_lens, batch.seq_lens_cpu
+        held = off_step.HeldStep(batch.out_cache_loc, after)  # the preparation's slot and lengths
         tokens = nonspec.relayed_tokens(batch)
         batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after - 1, after_cpu - 1, None
         batch.spec_info = self.plain_off.verify_input_of(tokens, batch.seq_lens, self.topk)
         try:
-            result = self._run_plain_step(batch)
+            result = self._run_plain_step(batch, held)
             self.draft_worker._draft_extend_for_decode(batch, result)
         finally:
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, None

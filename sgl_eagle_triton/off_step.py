@@ -27,6 +27,8 @@ processing expects the speculative verify's shapes there. Every SGLang call goes
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from sgl_eagle_triton.glue import call_sites as glue
@@ -88,6 +90,15 @@ class GraphEpilogue:
         return self.tokens[size][:bs]
 
 
+class HeldStep(NamedTuple):
+    """What SGLang's non-speculative preparation of a held batch already made for its step (off_route): ``slots``
+    [bs] int64 (its ``out_cache_loc``: ``req_to_token`` at the lengths before the token, written there) and
+    ``seq_lens_after`` [bs] (its ``seq_lens``: the token counted)."""
+
+    slots: torch.Tensor
+    seq_lens_after: torch.Tensor
+
+
 class PlainOff:
     """The plain steps-0 step of one worker on ``device``; keeps constant per-batch-size tensors (the verify input's
     retrieve arrays [bs, 1] int64, the accept lengths [bs] int32 ones), made at a size's first step and never
@@ -119,17 +130,24 @@ class PlainOff:
         positions = seq_lens.to(torch.int64)  # the tensor itself when already int64
         return glue.one_node_verify_input(tokens, positions, retrieve_index, retrieve_next, topk)
 
-    def step(self, batch, target_worker, req_to_token: torch.Tensor):
+    def step(self, batch, target_worker, req_to_token: torch.Tensor, held: HeldStep | None = None):
         """One plain decode step of ``batch`` (its ``spec_info`` from :meth:`verify_input`) on ``target_worker``
         (SGLang's ``TpModelWorker``), ``req_to_token`` [requests, context] int32 SGLang's. Rebinds the batch's
         ``input_ids``, ``out_cache_loc`` [bs] int64 and ``forward_mode`` (as SGLang's verify does; the scheduler
         restores them). Returns SGLang's ``GenerationBatchResult``: ``next_token_ids`` [bs] (the sampler's dtype),
         ``accept_lens`` [bs] int32 ones, ``new_seq_lens`` [bs], ``next_draft_input.bonus_tokens`` [bs] int32, the
         target's ``logits_output`` (its ``hidden_states`` [bs, features] feed the draft KV fill). :attr:`filled` says
-        whether the token and the fill came from the graph epilogue (the draft worker then skips its fill)."""
+        whether the token and the fill came from the graph epilogue (the draft worker then skips its fill).
+
+        ``held``: the step of a batch SGLang's non-speculative preparation made (off_route): its slots and lengths
+        after the token are the preparation's, and SGLang's non-speculative result processing reads no accept
+        lengths (``accept_lens`` None: nothing to copy to the host)."""
         verify_input = batch.spec_info
         batch.input_ids = verify_input.draft_token
-        batch.out_cache_loc = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+        if held is None:
+            batch.out_cache_loc = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+        else:
+            batch.out_cache_loc = held.slots
         forward_batch, output = glue.one_token_forward(target_worker, batch)
         bs = batch.seq_lens.shape[0]
         tokens = None
@@ -140,5 +158,7 @@ class PlainOff:
             tokens = tokens.clone()
         else:
             tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
+        if held is not None:
+            return glue.plain_step_result(output, tokens, None, held.seq_lens_after, keep_alive=(forward_batch,))
         accept_lens = self._for(bs)[2]
         return glue.plain_step_result(output, tokens, accept_lens, batch.seq_lens + 1, keep_alive=(forward_batch,))

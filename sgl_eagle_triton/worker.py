@@ -875,11 +875,12 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
         self.draft_worker._draft_extend_for_decode(batch, result)
         return result
 
-    def _run_plain_step(self, batch):
-        """The plain step of ``batch`` (its ``spec_info`` the one-node input), and what the draft KV fill after it
-        reads: whether the graph epilogue already filled, and the WAR event to record once the fill has been launched
-        (the scheduler's barrier then takes its fast path, as after a decode step)."""
-        result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token)
+    def _run_plain_step(self, batch, held=None):
+        """The plain step of ``batch`` (its ``spec_info`` the one-node input; ``held``: off_step.HeldStep, a
+        non-speculative batch's), and what the draft KV fill after it reads: whether the graph epilogue already
+        filled, and the WAR event to record once the fill has been launched (the scheduler's barrier then takes its
+        fast path, as after a decode step)."""
+        result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token, held)
         if self.nonspec_on:  # (off_route: a batch whose plain step is in flight can turn non-speculative)
             self._plain_inflight = batch.reqs
         self.draft_worker.kv_filled_in_graph = self.plain_off.filled

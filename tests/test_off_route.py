@@ -87,6 +87,8 @@ class Schedule:
             req_to_token_pool=Pool(), req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs]),
             device="cpu", batch_size=lambda: len(self.reqs))
         self.in_flight = None  # the step launched last: (kind, tokens committed a request)
+        # the slots a held step writes its token's KV to (off_route: the preparation's own, off_step.HeldStep)
+        self.held_slots = lambda batch: batch.out_cache_loc
 
     def step(self, kind: str, accepted: int = 1, enter=None):
         """One scheduler iteration: the preparation (``kind``: "spec", "enter", "nonspec" or "leave"), the step's
@@ -101,8 +103,10 @@ class Schedule:
         for i, req in enumerate(self.reqs):
             if speculative:  # the verify writes its draft rows from the request's length on
                 writes = range(req.length, req.length + DRAFT)
-            else:  # the input token's row, where SGLang's preparation put its slot
+            else:  # the input token's row, where SGLang's preparation put its slot (the held step writes there)
                 assert int(batch.seq_lens[i]) - 1 == req.length == int(batch.seq_lens_cpu[i]) - 1
+                slot = self.held_slots(batch)[i]
+                assert slot.dtype == torch.int64 and int(slot) == int(self.rows[req.req_pool_idx, req.length]), kind
                 writes = range(req.length, req.length + 1)
             assert writes.stop <= req.kv.kv_allocated_len, (kind, req.length, req.kv.kv_allocated_len)
         if self.in_flight is not None:  # the step before's result processing: its tokens reach the host, and
@@ -184,6 +188,17 @@ def test_a_turn_at_the_wrong_length_is_caught(sglang_preps, off_by):
     with pytest.raises(AssertionError):
         schedule.step("enter", 1, enter=broken_enter)
         schedule.step("nonspec", 1)
+
+
+def test_a_held_step_in_any_other_slot_is_caught(sglang_preps):
+    """The broken variant: the held step's slots read from ``req_to_token`` at the lengths after the token (where
+    nothing was allocated) instead of the preparation's ``out_cache_loc``."""
+    schedule = Schedule()
+    schedule.held_slots = lambda batch: schedule.rows[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+    for kind in ("spec", "spec"):
+        schedule.step(kind, 1)
+    with pytest.raises(AssertionError):
+        schedule.step("enter", 1)
 
 
 @pytest.fixture
@@ -344,18 +359,21 @@ def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_t
     w.plain_off, w.topk = PlainOff("cpu"), 1
     seen, filled = {}, []
 
-    def run(batch):
+    def run(batch, held):
         seen.update(seq_lens=batch.seq_lens.tolist(), seq_lens_cpu=batch.seq_lens_cpu.tolist(),
-                    tokens=batch.spec_info.draft_token.tolist(), positions=batch.spec_info.positions.tolist())
+                    tokens=batch.spec_info.draft_token.tolist(), positions=batch.spec_info.positions.tolist(),
+                    held=held)
         return "result"
 
     w._run_plain_step = run
     w._draft_worker = SimpleNamespace(_draft_extend_for_decode=lambda batch, result: filled.append(
         (batch.seq_lens.tolist(), result)))
-    after = torch.tensor([11, 21])
+    after, slots = torch.tensor([11, 21]), torch.tensor([40, 41])
     batch = SimpleNamespace(seq_lens=after, seq_lens_cpu=after.clone(), seq_lens_sum=5, spec_info=None,
-                            forward_mode="verify")
+                            forward_mode="verify", out_cache_loc=slots)
     assert w._nonspec_step(batch) == "result"
+    held = seen.pop("held")  # the preparation's slots and lengths after the token (off_step.HeldStep)
+    assert held.slots is slots and held.seq_lens_after is after
     assert seen == {"seq_lens": [10, 20], "seq_lens_cpu": [10, 20], "tokens": [7, 8], "positions": [10, 20]}
     assert filled == [([10, 20], "result")]
     assert batch.seq_lens is after and batch.seq_lens_cpu.tolist() == [11, 21] and batch.spec_info is None

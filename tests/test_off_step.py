@@ -13,6 +13,7 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sgl_eagle_triton import config, off_step, verify, worker
 from sgl_eagle_triton.glue import call_sites
@@ -116,6 +117,30 @@ def test_the_plain_step_is_the_targets_one_token_forward_and_sglangs_sampler(ini
     assert result.next_draft_input.bonus_tokens.tolist() == [2, 3, 4] and result.extra_keep_alive_refs == [fb]
 
 
+def test_a_held_step_takes_the_slots_and_lengths_sglangs_preparation_made(init_new):
+    """Under the non-speculative route (off_route): the slots are the preparation's ``out_cache_loc`` (no gather from
+    ``req_to_token``, which here holds other slots), the lengths after the token its ``seq_lens``, and the result has no
+    accept lengths; SGLang's non-speculative result processing reads the token alone, and its copy to the host copies
+    nothing else."""
+    target, _ = _target()
+    off, batch = PlainOff("cpu"), _batch()
+    batch.spec_info = off.verify_input(batch, topk=1)
+    slots, after = torch.tensor([101, 102, 103]), torch.tensor([8, 31, 3])
+    result = off.step(batch, target, torch.zeros(6, 40, dtype=torch.int32), off_step.HeldStep(slots, after))
+    fb, = init_new
+    assert batch.out_cache_loc is slots and fb.out_cache_loc is slots
+    assert result.new_seq_lens is after and result.accept_lens is None
+    assert result.next_token_ids.tolist() == [2, 3, 4] and result.next_draft_input.bonus_tokens.tolist() == [2, 3, 4]
+    result.copy_done = SimpleNamespace(record=lambda: None)  # (the scheduler's event)
+    result.copy_to_cpu(return_logprob=False, return_hidden_states=False)
+    assert result.accept_lens is None and result.next_token_ids.device.type == "cpu"
+    nonspec_batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, return_logprob=False)
+    tokens, _ = SchedulerBatchResultProcessor._normalize_decode_outputs(
+        None, batch=nonspec_batch, result=result, logits_output=result.logits_output,
+        next_token_ids=result.next_token_ids)
+    assert tokens == [[2], [3], [4]]
+
+
 class _Req:
     """What SGLang's spec-v2 result processing touches on a request (the committed length on the request up to 0.5.18,
     on ``req.kv`` from 0.5.19: both are this object's)."""
@@ -164,8 +189,8 @@ def _routing_worker(monkeypatch, fill_kv_only=True):
     published = []
     monkeypatch.setattr(call_sites, "publish_read_done", published.append)
     ran = []
-    monkeypatch.setattr(worker, "_plain_step", lambda off, batch, target, rows: ran.append((off, target, rows)) or
-                        "plain")
+    monkeypatch.setattr(worker, "_plain_step",
+                        lambda off, batch, target, rows, held=None: ran.append((off, target, rows)) or "plain")
     return w, published, ran
 
 
@@ -349,7 +374,7 @@ def _direct_worker(monkeypatch, choices):
 
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", sglang_flow)
     monkeypatch.setattr(EAGLEWorkerV2, "req_to_token_pool", SimpleNamespace(req_to_token="rows"), raising=False)
-    def plain_step(off, batch, target, rows):
+    def plain_step(off, batch, target, rows, held=None):
         assert batch.spec_info.is_verify_input() and batch.spec_info.draft_token_num == 1  # the one-node input
         ran.append(("plain", target, rows))
         return SimpleNamespace(new_seq_lens="new lengths")
