@@ -140,8 +140,9 @@ class PlainOff:
         whether the token and the fill came from the graph epilogue (the draft worker then skips its fill).
 
         ``held``: the step of a batch SGLang's non-speculative preparation made (off_route): its slots and lengths
-        after the token are the preparation's, and SGLang's non-speculative result processing reads no accept
-        lengths (``accept_lens`` None: nothing to copy to the host)."""
+        after the token are the preparation's, SGLang's non-speculative result processing reads no accept lengths
+        (``accept_lens`` None: nothing to copy to the host), and the bonus token is the token itself (it only reaches
+        the relay's int64 buffer)."""
         verify_input = batch.spec_info
         batch.input_ids = verify_input.draft_token
         if held is None:
@@ -158,7 +159,8 @@ class PlainOff:
             tokens = tokens.clone()
         else:
             tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
-        if held is not None:
-            return glue.plain_step_result(output, tokens, None, held.seq_lens_after, keep_alive=(forward_batch,))
+        if held is not None:  # the bonus token only goes to the relay's int64 buffer: no cast either way
+            return glue.plain_step_result(output, tokens, None, held.seq_lens_after, keep_alive=(forward_batch,),
+                                          bonus_tokens=tokens)
         accept_lens = self._for(bs)[2]
         return glue.plain_step_result(output, tokens, accept_lens, batch.seq_lens + 1, keep_alive=(forward_batch,))
