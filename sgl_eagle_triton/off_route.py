@@ -47,6 +47,7 @@ class NonspecRoute:
     _algorithm = None  # the server's speculative algorithm (a non-speculative batch's, back)
     _nonspec_paused = False  # the A/B's arm without the route (config.AB_ARMS["off_nonspec"]): plain steps stay on
     # the speculative path
+    _lengths_before = None  # ((seq_lens, seq_lens_cpu) before, seq_lens after) of the last non-speculative preparation
 
     def start_nonspec(self) -> None:
         """The route, where ``config.OFF_NONSPEC_ENV=1`` asks for it; refused (RuntimeError naming what to change)
@@ -88,7 +89,12 @@ class NonspecRoute:
             self._algorithm = batch.spec_algorithm
             nonspec.enter(batch)
             note_ran(NONSPEC_ENTERED)
-        return prepare(batch)
+        before = (batch.seq_lens, batch.seq_lens_cpu)
+        prepared = prepare(batch)
+        # a non-speculative preparation counts the token in new tensors (SGLang 0.5.17: "new-tensor avoids racing"),
+        # leaving these as the lengths before it: the step reads them (_nonspec_step) if it launches this batch
+        self._lengths_before = (before, batch.seq_lens) if nonspec.is_nonspec(batch) else None
+        return prepared
 
     def _plain_in_flight_for(self, batch) -> bool:
         """Whether the last step launched was a plain step on the speculative path of every request of ``batch``
@@ -102,14 +108,16 @@ class NonspecRoute:
 
     def _nonspec_step(self, batch):
         """A decode step of a non-speculative ``batch`` (its preparation SGLang's: ``seq_lens`` count its input token,
-        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token in that slot (no gather
-        from ``req_to_token``; a result without accept lengths: SGLang's non-speculative processing reads none), its
-        draft KV fill, the batch as SGLang's launch expects it back (non-speculative lengths, decode mode, no draft
-        input)."""
+        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token (the tensors the preparation
+        replaced, where it prepared these lengths) in that slot (no gather from ``req_to_token``; a result without
+        accept lengths: SGLang's non-speculative processing reads none), its draft KV fill, the batch as SGLang's
+        launch expects it back (non-speculative lengths, decode mode, no draft input)."""
         after, after_cpu = batch.seq_lens, batch.seq_lens_cpu
         held = off_step.HeldStep(batch.out_cache_loc, after)  # the preparation's slot and lengths
+        kept, self._lengths_before = self._lengths_before, None
+        before, before_cpu = kept[0] if kept is not None and kept[1] is after else (after - 1, after_cpu - 1)
         tokens = nonspec.relayed_tokens(batch)
-        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after - 1, after_cpu - 1, None
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = before, before_cpu, None
         batch.spec_info = self.plain_off.verify_input_of(tokens, batch.seq_lens, self.topk)
         try:
             result = self._run_plain_step(batch, held)

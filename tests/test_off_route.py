@@ -98,8 +98,14 @@ class Schedule:
             (enter or nonspec.enter)(batch)
         elif kind == "leave":
             nonspec.leave(batch, EAGLE, (None, None, None))
+        before = (batch.seq_lens, batch.seq_lens_cpu)
+        kept = tuple(None if t is None else t.clone() for t in before)
         ScheduleBatch.prepare_for_decode(batch)
         speculative = not batch.spec_algorithm.is_none()
+        if not speculative:  # the lengths before the token left as they were, in the tensors the preparation replaced
+            assert all(torch.equal(t, k) for t, k in zip(before, kept, strict=True))
+            assert torch.equal(before[0] + 1, batch.seq_lens) and torch.equal(before[1] + 1, batch.seq_lens_cpu)
+            assert before[0] is not batch.seq_lens and before[1] is not batch.seq_lens_cpu
         for i, req in enumerate(self.reqs):
             if speculative:  # the verify writes its draft rows from the request's length on
                 writes = range(req.length, req.length + DRAFT)
@@ -293,7 +299,8 @@ def _worker(monkeypatch, steps=0, fill_kv_only=True, inflight=None):
 
 def _decode_batch(reqs, algorithm=EAGLE, **kw):
     return _Batch(reqs=reqs, spec_algorithm=algorithm, forward_mode=SimpleNamespace(is_idle=lambda: False),
-                  return_logprob=False, return_hidden_states=False, has_grammar=False, **kw)
+                  return_logprob=False, return_hidden_states=False, has_grammar=False,
+                  **{"seq_lens": None, "seq_lens_cpu": None, **kw})
 
 
 def _route(monkeypatch):
@@ -378,6 +385,35 @@ def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_t
     assert filled == [([10, 20], "result")]
     assert batch.seq_lens is after and batch.seq_lens_cpu.tolist() == [11, 21] and batch.spec_info is None
     assert batch.forward_mode.is_decode()
+    # where the preparation of this batch's lengths kept the ones before the token, the step reads those tensors
+    before, before_cpu = torch.tensor([10, 20]), torch.tensor([10, 20])
+    lengths = {}
+    w._run_plain_step = lambda batch, held: lengths.update(seq_lens=batch.seq_lens, cpu=batch.seq_lens_cpu) or "result"
+    w._lengths_before = ((before, before_cpu), after)
+    w._nonspec_step(batch)
+    assert lengths["seq_lens"] is before and lengths["cpu"] is before_cpu and w._lengths_before is None
+    w._lengths_before = ((torch.tensor([0, 0]), torch.tensor([0, 0])), torch.tensor([11, 21]))  # another batch's
+    w._nonspec_step(batch)
+    assert lengths["seq_lens"].tolist() == [10, 20] and lengths["cpu"].tolist() == [10, 20]
+
+
+def test_the_preparation_keeps_the_lengths_before_a_non_speculative_step(monkeypatch):
+    """The lengths a non-speculative preparation replaced are kept for the step (with the lengths it made, to know
+    the batch); after a speculative one nothing is."""
+    _route(monkeypatch)
+    monkeypatch.setattr(nonspec, "can_stay", lambda batch: True)
+    w, _ = _worker(monkeypatch)
+    batch = _decode_batch([object()], algorithm=SpeculativeAlgorithm.NONE)
+    before = (torch.tensor([4]), torch.tensor([4]))
+    batch.seq_lens, batch.seq_lens_cpu = before
+
+    def prepare(batch):
+        batch.seq_lens, batch.seq_lens_cpu = batch.seq_lens + 1, batch.seq_lens_cpu + 1
+
+    w.prepare_decode(prepare, batch)
+    assert w._lengths_before[0] == before and w._lengths_before[1] is batch.seq_lens
+    w.prepare_decode(lambda batch: None, _decode_batch([object()]))  # (SGLang's speculative preparation)
+    assert w._lengths_before is None
 
 
 class _Running:
