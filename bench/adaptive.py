@@ -124,11 +124,12 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # of any EAGLE V2 worker's "off" (its draft KV goes stale: fine for a server that never drafts again)
     "eagle3_off_skip": ("EAGLE3", "off"),
     # EAGLE_TRITON served from another source tree (--before-tree: e.g. the previous commit's sgl_eagle_triton), for an
-    # A/B of a change beside eagle_triton under --interleave; the same for the two steps-0 systems
+    # A/B of a change beside eagle_triton under --interleave; the same for the steps-0 systems
     "eagle_triton_before": ("EAGLE_TRITON", None),
     "eagle_triton_cost_before": ("EAGLE_TRITON", "cost"),
     "eagle_triton_off_before": ("EAGLE_TRITON", "off"),
     "eagle_triton_off_plain_before": ("EAGLE_TRITON", "off"),
+    "eagle_triton_off_nonspec_before": ("EAGLE_TRITON", "off"),
     # the lean draft phase required (SYSTEM_ENV: SGLANG_EAGLE_TRITON_LEAN_DRAFT=1; the default wherever it can run),
     # and SGLang's draft phase instead (=0), beside eagle_triton / eagle_triton_cost
     "eagle_triton_lean": ("EAGLE_TRITON", None),
@@ -155,6 +156,8 @@ SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"
               "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
               "eagle_triton_off_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
                                            "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
+              "eagle_triton_off_nonspec_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
+                                                  "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
               "eagle_triton_cost_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
                                             "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
               "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
@@ -393,7 +396,8 @@ def report(rows: list[dict]) -> str:
 # the targets (docs/off-step-design.md): (title, system, what it is measured against, floor)
 TARGETS = (("cost / no-spec", "eagle_triton_cost", "nospec", 1.0),
            ("cost / best static", "eagle_triton_cost", "static", 0.97),
-           ("steps 0 / no-spec", "eagle_triton_off_plain", "nospec", 0.97))
+           ("steps 0 / no-spec", "eagle_triton_off_plain", "nospec", 0.97),
+           ("steps 0 held as no-spec decode / no-spec", "eagle_triton_off_nonspec", "nospec", 0.97))
 
 
 def targets_table(by_batch: dict) -> str:

@@ -342,8 +342,8 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     assert args.before_tree == Path("/old")
     # the cost policy and the steps-0 systems too, each as its current twin (the same server environment)
     assert adaptive.BEFORE_SYSTEMS == ["eagle_triton_before", "eagle_triton_cost_before", "eagle_triton_off_before",
-                                       "eagle_triton_off_plain_before"]
-    for system in ("eagle_triton_cost", "eagle_triton_off", "eagle_triton_off_plain"):
+                                       "eagle_triton_off_plain_before", "eagle_triton_off_nonspec_before"]
+    for system in ("eagle_triton_cost", "eagle_triton_off", "eagle_triton_off_plain", "eagle_triton_off_nonspec"):
         assert adaptive.spec_args(f"{system}_before", draft, None, tmp_path) == adaptive.spec_args(
             system, draft, None, tmp_path)
         assert adaptive.SYSTEM_ENV.get(f"{system}_before") == adaptive.SYSTEM_ENV.get(system)
@@ -561,21 +561,25 @@ def test_rows_of_servers_running_an_ab_inside_themselves_carry_their_arms(tmp_pa
 def test_the_report_states_the_issues_targets_run_by_run():
     """The targets table: the cost policy over no-spec (floor 1.0) and over the best static shape at that batch (the
     static EAGLE_TRITON row of most tok/s; floor 0.97), steps 0 over no-spec (floor 0.97), each met (mean at or above
-    its floor), below (interval under it) or unresolved; pairs only within one sweep; none without those systems."""
+    its floor), below (interval under it) or unresolved, and steps 0 held as no-spec decode likewise; pairs only within
+    one sweep; none without those systems."""
     base = dict(topk=None, draft_tokens=None, batch=1, acceptance="real:x", gpu="g", sglang_version="v",
                 accept_len=2.0, longest_gap_ms=1.0, session="a")
     rows = [dict(base, system="nospec", steps=None, tok_per_s=1.0, runs=[1.0, 1.0, 1.0]),
             dict(base, system="eagle_triton", steps=3, tok_per_s=1.2, runs=[1.2, 1.2, 1.2]),
             dict(base, system="eagle_triton", steps=5, tok_per_s=1.1, runs=[1.1, 1.1, 1.1]),
             dict(base, system="eagle_triton_cost", steps=None, tok_per_s=1.1, runs=[1.0, 1.2, 1.1]),
-            dict(base, system="eagle_triton_off_plain", steps=None, tok_per_s=0.8, runs=[0.8, 0.81, 0.79])]
+            dict(base, system="eagle_triton_off_plain", steps=None, tok_per_s=0.8, runs=[0.8, 0.81, 0.79]),
+            dict(base, system="eagle_triton_off_nonspec", steps=None, tok_per_s=0.99, runs=[0.98, 0.99, 1.0])]
     table = adaptive.report(rows)
     line = next(x for x in table.splitlines() if x.startswith("| 1 | ") and "met" in x)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1].startswith("1.10 (") and cells[1].endswith("met")
     assert cells[2].startswith("0.91 (") and cells[2].endswith("unresolved")  # against (3,1,4), the faster static
     assert cells[3].startswith("0.80 (") and cells[3].endswith("below")
+    assert cells[4].startswith("0.99 (") and cells[4].endswith("met")  # held as no-spec decode
     assert "steps 0 / no-spec (floor 0.97)" in table
+    assert "steps 0 held as no-spec decode / no-spec (floor 0.97)" in table
     assert "The issue's targets" not in adaptive.report([r for r in rows if r["system"] in ("nospec", "eagle_triton")])
     other = [dict(r, session="b") if r["system"] == "eagle_triton_cost" else r for r in rows]
     assert "| 1 | - | - | 0.80" in adaptive.report(other)  # the cost rows of another sweep pair with nothing
