@@ -623,6 +623,9 @@ def off_nonspec_unserved(sa) -> tuple[str, str] | None:
     if (sa.page_size or 1) > 1:
         return (f"--page-size {sa.page_size} (turning a batch frees its reservation token by token)",
                 "Use --page-size 1")
+    if getattr(sa, "enable_hisparse", False):
+        return ("--enable-hisparse (its decode preparation maps the step's slot elsewhere; the held step writes "
+                "the slot SGLang's preparation allocated)", "Remove --enable-hisparse")
     return None
 
 

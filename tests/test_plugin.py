@@ -730,8 +730,8 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
 
 def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_plain_step(monkeypatch):
     """SGLANG_EAGLE_TRITON_OFF_NONSPEC: 0 or 1; 1 only with the plain step required (PLAIN_OFF=1), the overlap
-    scheduler and page size 1; its A/B only under 1. Each refusal names what to change (the worker checks SGLang's
-    touchpoints at start)."""
+    scheduler, page size 1 and no hierarchical sparse attention; its A/B only under 1. Each refusal names what to
+    change (the worker checks SGLang's touchpoints at start)."""
     adaptive = ("--speculative-adaptive",)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "yes")
     with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_OFF_NONSPEC='yes'.*Give 1"):
@@ -745,6 +745,8 @@ def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_
         _args(*adaptive, "--disable-overlap-schedule")
     with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --page-size 16.*Use --page-size 1"):
         _args(*adaptive, "--page-size", "16")
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --enable-hisparse.*Remove --enable-hisparse"):
+        config._validate(Overlay(_args(*adaptive).record, enable_hisparse=True))
     _ab_of(monkeypatch, "off_nonspec")
     _args(*adaptive)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
