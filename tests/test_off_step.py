@@ -16,7 +16,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sgl_eagle_triton import config, off_step, verify, worker
-from sgl_eagle_triton.glue import call_sites
+from sgl_eagle_triton.glue import call_sites, nonspec
 from sgl_eagle_triton.off_step import PlainOff
 from sgl_eagle_triton.worker import EagleTritonWorkerV2, TritonEagleDraftWorker
 from tests import fake_sglang
@@ -132,6 +132,8 @@ def test_a_held_step_takes_the_slots_and_lengths_sglangs_preparation_made(init_n
     assert result.new_seq_lens is after and result.accept_lens is None
     assert result.next_token_ids.tolist() == [2, 3, 4]
     assert result.next_draft_input.bonus_tokens is result.next_token_ids  # (no cast to int32 and back)
+    if nonspec.problems():  # SGLang's processing of it where the route runs (0.5.17: it refuses other releases)
+        return
     result.copy_done = SimpleNamespace(record=lambda: None)  # (the scheduler's event)
     result.copy_to_cpu(return_logprob=False, return_hidden_states=False)
     assert result.accept_lens is None and result.next_token_ids.device.type == "cpu"
