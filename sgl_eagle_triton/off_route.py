@@ -110,22 +110,26 @@ class NonspecRoute:
         """A decode step of a non-speculative ``batch`` (its preparation SGLang's: ``seq_lens`` count its input token,
         ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token (the tensors the preparation
         replaced, where it prepared these lengths) in that slot (no gather from ``req_to_token``; a result without
-        accept lengths: SGLang's non-speculative processing reads none), its draft KV fill, the batch as SGLang's
-        launch expects it back (non-speculative lengths, decode mode, no draft input)."""
-        after, after_cpu = batch.seq_lens, batch.seq_lens_cpu
+        accept lengths: SGLang's non-speculative processing reads none; no draft input: the scheduler relays the token
+        as a no-spec step's), its draft KV fill, the batch as SGLang's launch expects it back (non-speculative lengths,
+        decode mode, no draft input), and the scheduler's publish of its lengths without the spec-v2 event
+        (``nonspec.publish_unfenced``)."""
+        after, after_cpu, after_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
         held = off_step.HeldStep(batch.out_cache_loc, after)  # the preparation's slot and lengths
         kept, self._lengths_before = self._lengths_before, None
         before, before_cpu = kept[0] if kept is not None and kept[1] is after else (after - 1, after_cpu - 1)
         tokens = nonspec.relayed_tokens(batch)
-        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = before, before_cpu, None
-        batch.spec_info = self.plain_off.verify_input_of(tokens, batch.seq_lens, self.topk)
+        before_sum = None if after_sum is None else after_sum - after.shape[0]
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = before, before_cpu, before_sum
+        batch.spec_info = self.plain_off.verify_input_of(tokens, before, self.topk)
         try:
             result = self._run_plain_step(batch, held)
-            self.draft_worker._draft_extend_for_decode(batch, result)
+            self.draft_worker.fill_after_plain_step(batch, result)
         finally:
-            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, None
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, after_sum
             glue.as_decode(batch)
             batch.spec_info = None
+        nonspec.publish_unfenced()  # the scheduler's publish of these lengths next: none resolves them on the host
         note_ran(NONSPEC_STEP)
         return result
 

@@ -64,6 +64,7 @@ class GraphEpilogue:
         self.capturing = capturing or _capturing  # whether this call is the capture (not a warm-up run)
         self.tokens: dict[int, torch.Tensor] = {}
         self.ambiguous: set[int] = set()  # sizes captured more than once (several graphs of one size): not used
+        self._views: dict[int, torch.Tensor | None] = {}  # tokens_of by batch size (made once the capture is done)
 
     def hook(self, graph_runner, logits_output, forward_batch, num_tokens: int) -> None:
         """SGLang's ``capture_tail_hooks`` entry, called after the target's forward in the capture's warm-up runs and
@@ -80,14 +81,17 @@ class GraphEpilogue:
             if num_tokens in self.tokens:
                 self.ambiguous.add(num_tokens)
             self.tokens[num_tokens] = tokens
+            self._views.clear()
 
     def tokens_of(self, bs: int) -> torch.Tensor | None:
         """The greedy tokens [bs] int64 written by the last replay of a ``bs``-request batch (SGLang pads it to the
         smallest captured size that holds it); None where no graph of such a size was captured once."""
+        if bs in self._views:
+            return self._views[bs]
         size = min((s for s in self.tokens if s >= bs), default=None)
-        if size is None or size in self.ambiguous:
-            return None
-        return self.tokens[size][:bs]
+        view = None if size is None or size in self.ambiguous else self.tokens[size][:bs]
+        self._views[bs] = view
+        return view
 
 
 class HeldStep(NamedTuple):
@@ -141,8 +145,8 @@ class PlainOff:
 
         ``held``: the step of a batch SGLang's non-speculative preparation made (off_route): its slots and lengths
         after the token are the preparation's, SGLang's non-speculative result processing reads no accept lengths
-        (``accept_lens`` None: nothing to copy to the host), and the bonus token is the token itself (it only reaches
-        the relay's int64 buffer)."""
+        (``accept_lens`` None: nothing to copy to the host), and the result carries no draft input (the scheduler
+        relays the token itself as the next input, as after a no-spec step: glue.relay)."""
         verify_input = batch.spec_info
         batch.input_ids = verify_input.draft_token
         if held is None:
@@ -159,8 +163,7 @@ class PlainOff:
             tokens = tokens.clone()
         else:
             tokens = glue.sample_as_decode(target_worker.model_runner, output.logits_output, forward_batch)
-        if held is not None:  # the bonus token only goes to the relay's int64 buffer: no cast either way
-            return glue.plain_step_result(output, tokens, None, held.seq_lens_after, keep_alive=(forward_batch,),
-                                          bonus_tokens=tokens)
+        if held is not None:  # the token is the next input, relayed as a no-spec step's: no draft input, no cast
+            return glue.token_step_result(output, tokens, held.seq_lens_after, keep_alive=(forward_batch,))
         accept_lens = self._for(bs)[2]
         return glue.plain_step_result(output, tokens, accept_lens, batch.seq_lens + 1, keep_alive=(forward_batch,))

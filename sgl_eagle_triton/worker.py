@@ -298,11 +298,7 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         if self.fill_kv_only and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
-            self.fill_draft_kv(batch, batch_result)
-            self.draft_stale = True
-            publish, self.read_done_after_fill = self.read_done_after_fill, None
-            if publish is not None:
-                publish()
+            self.fill_after_plain_step(batch, batch_result)
             return None
         if self.lean_extend_on and not kwargs and self.lean_extends(batch, batch_result):
             _lean_extend(self, batch, batch_result)
@@ -313,11 +309,21 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
             self.draft_stale = False
         return result
 
+    def fill_after_plain_step(self, batch, batch_result) -> None:
+        """After a plain steps-0 step: its draft KV fill (:meth:`fill_draft_kv`), the draft marked stale, then the
+        WAR event the step left to record once the fill is launched (``read_done_after_fill``)."""
+        self.fill_draft_kv(batch, batch_result)
+        self.draft_stale = True
+        publish, self.read_done_after_fill = self.read_done_after_fill, None
+        if publish is not None:
+            publish()
+
     def fill_draft_kv(self, batch, batch_result):
         """Steps 0 without the draft extend: the draft KV of the one token each request committed (what the extend
         would store: :meth:`_fill_rows`), replayed from its CUDA graph of the batch's size where one was captured
-        (:meth:`capture_draft_kv`), and stub top-k / hidden states of the right shapes for SGLang's overlap
-        bookkeeping (as its ``_stub_skipped_draft_extend``)."""
+        (:meth:`capture_draft_kv`), and, where the result carries a draft input (a held step's carries none:
+        off_route), stub top-k / hidden states of the right shapes for SGLang's overlap bookkeeping (as its
+        ``_stub_skipped_draft_extend``)."""
         if self.kv_filled_in_graph:
             self.kv_filled_in_graph = False
             _filled_in_graph()
@@ -325,6 +331,8 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
             _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
                   batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
         draft_input = batch_result.next_draft_input
+        if draft_input is None:
+            return
         topk_p, topk_index, hidden = self.stubs_of(batch)
         draft_input.topk_p, draft_input.topk_index = topk_p, topk_index
         if hidden is not None:

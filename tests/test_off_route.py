@@ -360,6 +360,8 @@ def test_a_held_plain_step_keeps_the_batch_non_speculative(monkeypatch):
 
 def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_the_batch_back(monkeypatch):
     monkeypatch.setattr(nonspec, "relayed_tokens", lambda batch: torch.tensor([7, 8]))
+    unfenced = []
+    monkeypatch.setattr(nonspec, "publish_unfenced", lambda: unfenced.append(True))
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     from sgl_eagle_triton.off_step import PlainOff
 
@@ -368,23 +370,25 @@ def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_t
 
     def run(batch, held):
         seen.update(seq_lens=batch.seq_lens.tolist(), seq_lens_cpu=batch.seq_lens_cpu.tolist(),
-                    tokens=batch.spec_info.draft_token.tolist(), positions=batch.spec_info.positions.tolist(),
-                    held=held)
+                    seq_lens_sum=batch.seq_lens_sum, tokens=batch.spec_info.draft_token.tolist(),
+                    positions=batch.spec_info.positions.tolist(), held=held)
         return "result"
 
     w._run_plain_step = run
-    w._draft_worker = SimpleNamespace(_draft_extend_for_decode=lambda batch, result: filled.append(
-        (batch.seq_lens.tolist(), result)))
+    w._draft_worker = SimpleNamespace(fill_after_plain_step=lambda batch, result: filled.append(
+        (batch.seq_lens.tolist(), result, list(unfenced))))
     after, slots = torch.tensor([11, 21]), torch.tensor([40, 41])
-    batch = SimpleNamespace(seq_lens=after, seq_lens_cpu=after.clone(), seq_lens_sum=5, spec_info=None,
+    batch = SimpleNamespace(seq_lens=after, seq_lens_cpu=after.clone(), seq_lens_sum=32, spec_info=None,
                             forward_mode="verify", out_cache_loc=slots)
     assert w._nonspec_step(batch) == "result"
     held = seen.pop("held")  # the preparation's slots and lengths after the token (off_step.HeldStep)
     assert held.slots is slots and held.seq_lens_after is after
-    assert seen == {"seq_lens": [10, 20], "seq_lens_cpu": [10, 20], "tokens": [7, 8], "positions": [10, 20]}
-    assert filled == [([10, 20], "result")]
+    assert seen == {"seq_lens": [10, 20], "seq_lens_cpu": [10, 20], "seq_lens_sum": 30, "tokens": [7, 8],
+                    "positions": [10, 20]}
+    assert filled == [([10, 20], "result", [])]  # the fill, then the publish announced unfenced
+    assert unfenced == [True]
     assert batch.seq_lens is after and batch.seq_lens_cpu.tolist() == [11, 21] and batch.spec_info is None
-    assert batch.forward_mode.is_decode()
+    assert batch.seq_lens_sum == 32 and batch.forward_mode.is_decode()
     # where the preparation of this batch's lengths kept the ones before the token, the step reads those tensors
     before, before_cpu = torch.tensor([10, 20]), torch.tensor([10, 20])
     lengths = {}

@@ -131,7 +131,7 @@ def test_a_held_step_takes_the_slots_and_lengths_sglangs_preparation_made(init_n
     assert batch.out_cache_loc is slots and fb.out_cache_loc is slots
     assert result.new_seq_lens is after and result.accept_lens is None
     assert result.next_token_ids.tolist() == [2, 3, 4]
-    assert result.next_draft_input.bonus_tokens is result.next_token_ids  # (no cast to int32 and back)
+    assert result.next_draft_input is None  # the scheduler relays the token itself (glue.relay: the token alone)
     if nonspec.problems():  # SGLang's processing of it where the route runs (0.5.17: it refuses other releases)
         return
     result.copy_done = SimpleNamespace(record=lambda: None)  # (the scheduler's event)
@@ -319,8 +319,10 @@ def test_the_war_barriers_event_goes_where_the_scheduler_reads_it(monkeypatch):
     """0.5.17 reads ``war_fastpath_runner.war_fastpath_read_done_event``, 0.5.18+
     ``last_shared_read_runner.shared_read_done_event``: the event recorded now is put on the one the worker has."""
     recorded = []
-    event = SimpleNamespace(record=lambda: recorded.append(True))
-    monkeypatch.setattr(call_sites.torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: event))
+    event = SimpleNamespace(record=lambda stream: recorded.append(stream))
+    # recorded on the worker's device's current stream, asked by the device's index (found once)
+    module = SimpleNamespace(Event=lambda: event, current_device=lambda: 3, current_stream=lambda index: f"s{index}")
+    monkeypatch.setattr(call_sites.torch, "get_device_module", lambda device: module)
     runner = SimpleNamespace()
 
     class Old:
@@ -333,12 +335,12 @@ def test_the_war_barriers_event_goes_where_the_scheduler_reads_it(monkeypatch):
     call_sites.publish_read_done(old)
     call_sites.publish_read_done(New())
     assert runner.war_fastpath_read_done_event is event and runner.shared_read_done_event is event
-    assert recorded == [True, True]
+    assert recorded == ["s3", "s3"]
     made = []  # one event a worker, recorded again at every step (the barrier waits on it at once)
     monkeypatch.setattr(call_sites.torch, "get_device_module",
                         lambda device: SimpleNamespace(Event=lambda: made.append(1) or event))
     call_sites.publish_read_done(old)
-    assert made == [] and recorded == [True, True, True]
+    assert made == [] and recorded == ["s3", "s3", "s3"]
 
 
 def _decode_batch(**flags):

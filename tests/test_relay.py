@@ -77,6 +77,32 @@ def test_a_fill_only_step_relays_its_bonus_token_alone(future_map):
     assert not draft.topk_p.any() and draft.topk_index.dtype == torch.int64
 
 
+def test_a_payload_of_the_token_alone_relays_the_token_alone(future_map):
+    """A held step's result carries no draft input: the scheduler relays its token as a no-spec step's (SGLang's own
+    stash would fail on the missing top-k on this server); the relayed top-k and hidden states stay as they were."""
+    from sglang.srt.managers.overlap_utils import RelayPayload
+
+    rows = torch.tensor([2, 5])
+    real = _payload([11, 12], stub=False, seed=4)
+    future_map.stash(rows, real)
+    future_map.stash(rows, RelayPayload(bonus_tokens=torch.tensor([31, 32])))
+    assert future_map.output_tokens_buf[rows].tolist() == [31, 32]
+    assert torch.equal(future_map.topk_p_buf[rows], real.topk_p)
+
+
+def test_an_announced_publish_is_a_no_spec_servers(future_map):
+    """The publish after a held step (``publish_unfenced``) writes the lengths without the spec-v2 event (none
+    resolves them on the host); the next one is SGLang's spec-v2 publish again, with its event."""
+    rows = torch.tensor([1, 6])
+    relay.publish_unfenced(future_map)
+    future_map.publish(rows, torch.tensor([40, 50]))
+    assert future_map.new_seq_lens_buf[rows].tolist() == [40, 50]
+    assert future_map.publish_ready is None and future_map.spec_algo.is_some()  # no event; the algorithm restored
+    future_map.publish(rows, torch.tensor([41, 51]))
+    assert future_map.new_seq_lens_buf[rows].tolist() == [41, 51] and future_map.publish_ready is not None
+    relay.publish_unfenced(None)  # (a process without the relaying future map: nothing)
+
+
 def test_unmarked_relays_and_resolves_are_sglangs(future_map, monkeypatch):
     rows = torch.tensor([1, 3])
     first, second = _payload([1, 2], stub=False, seed=2), _payload([3, 4], stub=False, seed=3)

@@ -433,6 +433,18 @@ def plain_step_result(forward_output, next_token_ids, accept_lens, new_seq_lens,
         indexer_topk_output=forward_output.indexer_topk_output, extra_keep_alive_refs=list(keep_alive))
 
 
+def token_step_result(forward_output, next_token_ids, new_seq_lens, keep_alive):
+    """What SGLang's non-speculative result processing and the overlap relay read from a held step (off_route): the
+    token ``next_token_ids`` [bs] (also the next step's input: with no draft input the scheduler relays it as it
+    relays a no-spec step's), ``new_seq_lens`` [bs], no accept lengths (nothing more to copy to the host),
+    ``keep_alive`` held two scheduler iterations."""
+    return GenerationBatchResult(
+        logits_output=forward_output.logits_output, next_token_ids=next_token_ids,
+        can_run_cuda_graph=forward_output.can_run_cuda_graph, speculative_num_draft_tokens=1,
+        new_seq_lens=new_seq_lens, routed_experts_output=forward_output.routed_experts_output,
+        indexer_topk_output=forward_output.indexer_topk_output, extra_keep_alive_refs=list(keep_alive))
+
+
 def publish_read_done(worker) -> None:
     """Record, on the current stream, the event the scheduler's WAR barrier waits on after a step (its fast path, as
     SGLang's decode graph and draft-extend graph publish it), on the runner the scheduler reads it from: 0.5.17
@@ -442,11 +454,14 @@ def publish_read_done(worker) -> None:
     else:
         runner, name = worker.last_shared_read_runner, "shared_read_done_event"
     # one event a worker, recorded again each step: the barrier waits on it right after the launch that published it
-    # (and clears it); a wait that came later would wait for later work, never for less
-    event = worker.__dict__.get("_sgl_eagle_triton_read_done")
-    if event is None:
-        event = worker._sgl_eagle_triton_read_done = torch.get_device_module(worker.device).Event()
-    event.record()
+    # (and clears it); a wait that came later would wait for later work, never for less. The current stream asked of
+    # the worker's device by index (torch's lookup of the current device, which a bare record() makes, costs more)
+    made = worker.__dict__.get("_sgl_eagle_triton_read_done")
+    if made is None:
+        module = torch.get_device_module(worker.device)
+        made = worker._sgl_eagle_triton_read_done = (module.Event(), module.current_stream, module.current_device())
+    event, current_stream, index = made
+    event.record(current_stream(index))
     setattr(runner, name, event)
 
 

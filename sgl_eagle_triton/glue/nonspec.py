@@ -24,6 +24,8 @@ flight (the step's input token goes at that position), and its preparation commi
   last step stashed, the next step resumes with the full draft extend) that tells the relay's sequence-length resolve
   to keep ``seq_lens`` (``relay.LENGTHS_KEPT``: the non-speculative publish wrote one more than a speculative step
   reads); then SGLang's speculative preparation reserves from the exact commit.
+- :func:`publish_unfenced` (after a held step): the scheduler's publish of its lengths is a no-spec server's, without
+  the spec-v2 event (``glue.relay``).
 - :func:`install`: SGLang's ``ScheduleBatch.prepare_for_decode`` runs through the route's preparation; a held
   batch's memory check (``new_tokens_required_next_decode``, before the preparation) asks room for the speculative
   reservation too, so that turning back never allocates past what SGLang checked (it evicts or retracts first); and its
@@ -137,6 +139,11 @@ def relayed_tokens(batch) -> torch.Tensor:
     if _CI_ASSERTS:
         overlap_utils._assert_nonneg_and_invalidate(tokens, future_map.output_tokens_buf, batch.req_pool_indices)
     return tokens
+
+
+def publish_unfenced() -> None:
+    """The scheduler's next publish (a held step's lengths) as a no-spec server's (``relay.publish_unfenced``)."""
+    relay.publish_unfenced(relay.SERVER_FUTURE_MAP)
 
 
 def problems() -> list[str]:
