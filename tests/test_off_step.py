@@ -62,9 +62,10 @@ def _target(vocab=8, features=6):
         bs = forward_batch.input_ids.shape[0]
         logits = torch.zeros(bs, vocab)
         logits[torch.arange(bs), (torch.arange(bs) + 2) % vocab] = 1.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits,
-                                                             hidden_states=torch.randn(bs, features)),
-                               can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
+        seen["output"] = GenerationBatchResult(  # as TpModelWorker's verify forward returns it: no token
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.randn(bs, features)),
+            can_run_cuda_graph=True)
+        return seen["output"]
 
     def sample(logits_output, forward_batch):
         seen["sample"] = (logits_output, forward_batch.forward_mode)
@@ -122,13 +123,14 @@ def test_a_held_step_takes_the_slots_and_lengths_sglangs_preparation_made(init_n
     ``req_to_token``, which here holds other slots), the lengths after the token its ``seq_lens``, and the result has no
     accept lengths; SGLang's non-speculative result processing reads the token alone, and its copy to the host copies
     nothing else."""
-    target, _ = _target()
+    target, seen = _target()
     off, batch = PlainOff("cpu"), _batch()
     batch.spec_info = off.verify_input(batch, topk=1)
     slots, after = torch.tensor([101, 102, 103]), torch.tensor([8, 31, 3])
     result = off.step(batch, target, torch.zeros(6, 40, dtype=torch.int32), off_step.HeldStep(slots, after))
     fb, = init_new
     assert batch.out_cache_loc is slots and fb.out_cache_loc is slots
+    assert result is seen["output"] and result.extra_keep_alive_refs == [fb]  # the forward's own result, as no-spec's
     assert result.new_seq_lens is after and result.accept_lens is None
     assert result.next_token_ids.tolist() == [2, 3, 4]
     assert result.next_draft_input is None  # the scheduler relays the token itself (glue.relay: the token alone)

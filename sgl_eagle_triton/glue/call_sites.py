@@ -435,14 +435,13 @@ def plain_step_result(forward_output, next_token_ids, accept_lens, new_seq_lens,
 
 def token_step_result(forward_output, next_token_ids, new_seq_lens, keep_alive):
     """What SGLang's non-speculative result processing and the overlap relay read from a held step (off_route): the
-    token ``next_token_ids`` [bs] (also the next step's input: with no draft input the scheduler relays it as it
-    relays a no-spec step's), ``new_seq_lens`` [bs], no accept lengths (nothing more to copy to the host),
-    ``keep_alive`` held two scheduler iterations."""
-    return GenerationBatchResult(
-        logits_output=forward_output.logits_output, next_token_ids=next_token_ids,
-        can_run_cuda_graph=forward_output.can_run_cuda_graph, speculative_num_draft_tokens=1,
-        new_seq_lens=new_seq_lens, routed_experts_output=forward_output.routed_experts_output,
-        indexer_topk_output=forward_output.indexer_topk_output, extra_keep_alive_refs=list(keep_alive))
+    target forward's own result (``forward_output``, ``TpModelWorker.forward_batch_generation``'s, as a no-spec step
+    hands it over: its metrics too) with the token ``next_token_ids`` [bs] (also the next step's input: with no draft
+    input the scheduler relays it as it relays a no-spec step's), ``new_seq_lens`` [bs], no accept lengths (nothing
+    more to copy to the host), ``keep_alive`` held two scheduler iterations. Returns ``forward_output``."""
+    forward_output.next_token_ids, forward_output.new_seq_lens = next_token_ids, new_seq_lens
+    forward_output.extra_keep_alive_refs = list(keep_alive)
+    return forward_output
 
 
 def publish_read_done(worker) -> None:
