@@ -419,16 +419,14 @@ def sample_as_decode(model_runner, logits_output, forward_batch):
         return model_runner.sample(logits_output, forward_batch)
 
 
-def plain_step_result(forward_output, next_token_ids, accept_lens, new_seq_lens, keep_alive, bonus_tokens=None):
+def plain_step_result(forward_output, next_token_ids, accept_lens, new_seq_lens, keep_alive):
     """What SGLang's spec-v2 result processing reads from a verify, for one committed token per request:
     ``next_token_ids`` [bs] at stride 1, ``accept_lens`` [bs] int32 ones, ``new_seq_lens`` [bs], the token as the
-    next step's bonus (``EagleDraftInput.bonus_tokens``: int32, or ``bonus_tokens`` where given), ``keep_alive`` held
-    two scheduler iterations."""
-    bonus = next_token_ids.to(torch.int32) if bonus_tokens is None else bonus_tokens
+    next step's bonus (``EagleDraftInput.bonus_tokens`` int32), ``keep_alive`` held two scheduler iterations."""
     return GenerationBatchResult(
         logits_output=forward_output.logits_output, next_token_ids=next_token_ids,
         can_run_cuda_graph=forward_output.can_run_cuda_graph, speculative_num_draft_tokens=1,
-        next_draft_input=EagleDraftInput(bonus_tokens=bonus), accept_lens=accept_lens,
+        next_draft_input=EagleDraftInput(bonus_tokens=next_token_ids.to(torch.int32)), accept_lens=accept_lens,
         new_seq_lens=new_seq_lens, routed_experts_output=forward_output.routed_experts_output,
         indexer_topk_output=forward_output.indexer_topk_output, extra_keep_alive_refs=list(keep_alive))
 
