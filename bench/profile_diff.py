@@ -7,9 +7,12 @@ summed per server and divided by the server's decode iterations (the calls of SG
 lists the functions whose cumulative time differs most, ``--callees F`` splits one function's time into its callees'
 (the call edges from F). cProfile slows every Python call, so the times are shares, not wall-clock; the call counts
 per step are exact. A call edge through a wrapper that also calls itself (e.g. a decorator's ``wrapper``) can read
-zero in cProfile's edges: trust the table, check the edges.
+zero in cProfile's edges: trust the table, check the edges. A profile file holding a Triton build (a kernel compiled
+or its launcher module built at its first launch in the process, ~0.1 s each: one-off work) is left out and named
+(``--keep-builds`` reads it).
 
     python -m bench.profile_diff NOSPEC_DIR OURS_DIR [--names nospec off] [--top 40] [--callees '(run_batch)']
+        [--keep-builds]
 """
 
 from __future__ import annotations
@@ -33,15 +36,38 @@ def label(key: tuple) -> str:
     return f"{path}:{line}({function})"
 
 
-def load(folder: str) -> pstats.Stats:
-    """Every ``*.prof`` in ``folder`` summed (raises when there is none)."""
+# a Triton build inside a profiled window (a kernel compiled, or its launcher module built, at its first launch in the
+# process: ~0.1 s each): one-off work that would read as a per-step cost
+BUILD_MARKERS = (("triton/runtime/build.py", "compile_module_from_src"), ("triton/compiler/compiler.py", "compile"))
+
+
+def builds_in(stats: pstats.Stats) -> int:
+    """The Triton builds (:data:`BUILD_MARKERS`' calls) a profile holds."""
+    return sum(nc for (path, _, function), (_, nc, _, _, _) in stats.stats.items()
+               if any(path.endswith(file) and function == name for file, name in BUILD_MARKERS))
+
+
+def load(folder: str, leave_out_builds: bool = False) -> pstats.Stats:
+    """Every ``*.prof`` in ``folder`` summed (raises when there is none); ``leave_out_builds``: without the files that
+    hold a Triton build (:func:`builds_in`), raising when every file does. The result's ``left_out`` names the files
+    left out."""
     paths = sorted(glob.glob(os.path.join(folder, "*.prof")))
     if not paths:
         raise SystemExit(f"no *.prof files in {folder}")
-    stats = pstats.Stats(paths[0])
-    for path in paths[1:]:
-        stats.add(path)
-    return stats
+    kept, left_out = [], []
+    for path in paths:
+        stats = pstats.Stats(path)
+        if leave_out_builds and builds_in(stats):
+            left_out.append(os.path.basename(path))
+        else:
+            kept.append(stats)
+    if not kept:
+        raise SystemExit(f"every profile in {folder} holds a Triton build (--keep-builds reads them anyway)")
+    total = kept[0]
+    for stats in kept[1:]:
+        total.add(stats)
+    total.left_out = left_out
+    return total
 
 
 def steps_of(stats: pstats.Stats) -> int:
@@ -112,9 +138,16 @@ def main(argv=None) -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--callees", action="append", default=[], help="a function label's end, e.g. "
                         "'(forward_batch_generation)': its callees' split (repeatable)")
+    parser.add_argument("--keep-builds", action="store_true", help="read the profiles that hold a Triton build too "
+                        "(left out by default: a kernel compiled or a launcher built at its first launch is one-off "
+                        "work)")
     args = parser.parse_args(argv)
-    sa, sb = load(args.a), load(args.b)
+    sa, sb = load(args.a, not args.keep_builds), load(args.b, not args.keep_builds)
     names = tuple(args.names)
+    for name, stats in zip(names, (sa, sb), strict=True):
+        if stats.left_out:
+            print(f"{name}: left out {len(stats.left_out)} profile(s) holding a Triton build: "
+                  f"{', '.join(stats.left_out)}")
     a, b = per_step(sa), per_step(sb)
     print(f"Decode iterations profiled: {names[0]} {steps_of(sa)}, {names[1]} {steps_of(sb)}; Python calls per "
           f"iteration {sum(v[0] for v in a.values()):.0f} / {sum(v[0] for v in b.values()):.0f}; own time per "

@@ -517,3 +517,41 @@ def test_a_decode_step_our_worker_launches_itself_is_timed_once_over_the_same_sp
     assert worker._cycle_timing.sums["host_in_forward"] == pytest.approx(3.0)
     assert stages.parts_open["forward_batch_generation"] * 1e3 == pytest.approx(3.0)
     assert cycle_timing.worker_step(worker, lambda self, batch: None, lambda: "untimed") == "untimed"
+
+
+def test_profile_diff_leaves_out_the_profiles_that_hold_a_triton_build(tmp_path):
+    """A profile window in which a Triton kernel was compiled or its launcher built (one-off work at a kernel's first
+    launch) is left out and named; a folder of nothing else is refused; --keep-builds reads them all."""
+    import cProfile
+    import importlib.util
+
+    from bench import profile_diff
+
+    scheduler = _fake_scheduler(tmp_path)
+    build_path = tmp_path / "triton" / "runtime" / "build.py"
+    build_path.parent.mkdir(parents=True)
+    build_path.write_text("def compile_module_from_src():\n    return 0\n")
+    spec = importlib.util.spec_from_file_location("fake_triton_build", build_path)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    folder = tmp_path / "server"
+    folder.mkdir()
+    for i, builds in enumerate((1, 0, 0)):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(builds):
+            build.compile_module_from_src()
+        for _ in range(2):
+            scheduler.run_batch(3)
+        profiler.disable()
+        profiler.dump_stats(str(folder / f"p-{i}.prof"))
+    steady = profile_diff.load(str(folder), leave_out_builds=True)
+    assert steady.left_out == ["p-0.prof"] and profile_diff.steps_of(steady) == 4
+    assert profile_diff.builds_in(steady) == 0
+    everything = profile_diff.load(str(folder))
+    assert everything.left_out == [] and profile_diff.steps_of(everything) == 6
+    assert profile_diff.builds_in(everything) == 1
+    (folder / "p-1.prof").unlink()
+    (folder / "p-2.prof").unlink()
+    with pytest.raises(SystemExit, match="Triton build"):
+        profile_diff.load(str(folder), leave_out_builds=True)
