@@ -57,6 +57,12 @@ STACK_DUMP_ENV = "SGLANG_EAGLE_TRITON_STACK_DUMP_S"
 # Diagnostics: every rank logs its decode cycle's host period, launch time and GPU step / idle time every this many
 # decode steps, without a profiler (sgl_eagle_triton.cycle_timing)
 CYCLE_TIMING_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING"
+# Diagnostics, with CYCLE_TIMING_ENV: what it times, "all" (unset: every scheduler's stages and every EAGLE worker's
+# decode steps) or "scheduler" (the schedulers' stages only): every server then carries the same instrument, so that a
+# speculative server's scheduler period compares with a no-spec server's without the worker timing's own share (its
+# CUDA events and their reads, which only EAGLE workers carry)
+CYCLE_TIMING_SCOPE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE"
+CYCLE_TIMING_SCOPES = ("all", "scheduler")
 # Diagnostics, with CYCLE_TIMING_ENV: each cycle timing summary is followed by a cProfile listing of this many functions
 # of the host time inside forward_batch_generation over the same steps
 CYCLE_PROFILE_ENV = "SGLANG_EAGLE_TRITON_CYCLE_PROFILE"
@@ -493,6 +499,15 @@ def _validate(sa) -> None:
     if cycle_timing_every() is None:
         _refuse(f"{CYCLE_TIMING_ENV}={os.environ[CYCLE_TIMING_ENV]!r}", "Give a whole number of decode steps > 0, "
                 "or unset it.")
+    if cycle_timing_scope() is None:
+        _refuse(f"{CYCLE_TIMING_SCOPE_ENV}={os.environ[CYCLE_TIMING_SCOPE_ENV]!r}",
+                f"Give one of {', '.join(CYCLE_TIMING_SCOPES)}, or unset it.")
+    if os.environ.get(CYCLE_TIMING_SCOPE_ENV) and not cycle_timing_every():
+        _refuse(f"{CYCLE_TIMING_SCOPE_ENV} without {CYCLE_TIMING_ENV} (it says what the cycle timing times)",
+                f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_TIMING_SCOPE_ENV}.")
+    if ab_steps() and cycle_timing_scope() == "scheduler":
+        _refuse(f"{AB_STEPS_ENV} with {CYCLE_TIMING_SCOPE_ENV}=scheduler (each arm is timed by the worker's cycle "
+                "timing, which that scope leaves out)", f"Unset {CYCLE_TIMING_SCOPE_ENV}, or unset {AB_STEPS_ENV}.")
     if cycle_profile_top() is None:
         _refuse(f"{CYCLE_PROFILE_ENV}={os.environ[CYCLE_PROFILE_ENV]!r}", "Give a whole number of functions > 0, "
                 "or unset it.")
@@ -577,6 +592,13 @@ def _count_env(name: str) -> int | None:
 def cycle_timing_every() -> int | None:
     """:data:`CYCLE_TIMING_ENV` as a number of decode steps (0 when unset; None when not a whole number > 0)."""
     return _count_env(CYCLE_TIMING_ENV)
+
+
+def cycle_timing_scope() -> str | None:
+    """:data:`CYCLE_TIMING_SCOPE_ENV`: what the cycle timing times (one of :data:`CYCLE_TIMING_SCOPES`; ``all`` when
+    unset; None when not one)."""
+    value = os.environ.get(CYCLE_TIMING_SCOPE_ENV) or "all"
+    return value if value in CYCLE_TIMING_SCOPES else None
 
 
 def ab_feature() -> str | None:

@@ -50,7 +50,9 @@ the step's outputs to the next step, the result's copy to the host; ``other``: t
 and restore around a speculative forward). A stage called inside another (e.g. result processing inside request
 handling) counts in the outer one only. Under
 overlap scheduling the first decode iteration after a prefill is not counted (it holds the prefill's result
-processing); collections in other threads of the process count too.
+processing); collections in other threads of the process count too. With
+``SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler`` only the schedulers are timed (the workers' :class:`CycleTiming`
+and its CUDA events left out), so that every server of a comparison carries the same instrument.
 """
 
 from __future__ import annotations

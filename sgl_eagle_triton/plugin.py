@@ -190,7 +190,11 @@ def register() -> None:
         profile_top = config.cycle_profile_top() or 0  # a bad value: EAGLE_TRITON refuses it at start
         # one profiler at a time (Python >= 3.12): the scheduler's run_batch listing holds the workers' launches
         scheduler_profiled = _time_scheduler_stages(every, profile_top)
-        _time_eagle_workers(every, 0 if scheduler_profiled else profile_top)
+        if config.cycle_timing_scope() == "scheduler":
+            logger.warning("%s: %s=scheduler: the EAGLE workers' decode steps are not timed (every server carries the "
+                           "same instrument)", ALGORITHM_NAME, config.CYCLE_TIMING_SCOPE_ENV)
+        else:  # all (a bad value: EAGLE_TRITON refuses it at start; other servers time as under all)
+            _time_eagle_workers(every, 0 if scheduler_profiled else profile_top)
     elif every is None:  # EAGLE_TRITON refuses it at start; other servers say they run untimed
         logger.warning("%s: %s=%r is not a whole number of decode steps > 0: no cycle timing", ALGORITHM_NAME,
                        config.CYCLE_TIMING_ENV, os.environ.get(config.CYCLE_TIMING_ENV))

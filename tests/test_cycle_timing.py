@@ -333,6 +333,45 @@ def test_the_profile_runs_in_the_scheduler_where_its_run_batch_is_timed(monkeypa
     assert made == [("stages", 5, 12), ("workers", 5, 0 if scheduler_timed else 12)]
 
 
+@pytest.mark.parametrize("scope, workers_timed", [(None, True), ("all", True), ("scheduler", False), ("x", True)])
+def test_the_scope_scheduler_leaves_the_workers_untimed(monkeypatch, scope, workers_timed):
+    """SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler: the schedulers' stages only, so that every server carries the
+    same instrument; unset or all: the EAGLE workers' decode steps too (a bad value: EAGLE_TRITON refuses it at start,
+    other servers time as under all)."""
+    made = []
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "5")
+    monkeypatch.delenv(config.CYCLE_PROFILE_ENV, raising=False)
+    if scope is None:
+        monkeypatch.delenv(config.CYCLE_TIMING_SCOPE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, scope)
+    assert config.cycle_timing_scope() == {None: "all", "x": None}.get(scope, scope)
+    monkeypatch.setattr(plugin, "_time_scheduler_stages", lambda every, top: made.append("stages") or True)
+    monkeypatch.setattr(plugin, "_time_eagle_workers", lambda every, top: made.append("workers"))
+    monkeypatch.setattr(plugin, "get_spec", lambda name: "registered")  # stop after the diagnostics
+    plugin.register()
+    assert made == ["stages", "workers"] if workers_timed else made == ["stages"]
+
+
+def test_a_step_our_worker_launches_under_an_untimed_parent_is_only_its_run_batch_part():
+    """With the workers untimed (scope scheduler) SGLang's method carries no timer: worker_step runs the step once,
+    inside the running run_batch's forward part, with no CUDA event."""
+    host = [0.0]
+    stages = cycle_timing.SchedulerStages(100, clock=lambda: host[0] / 1e3, log=lambda line: None, gc_callbacks=[])
+
+    def step():
+        host[0] += 0.4
+        return "result"
+
+    cycle_timing._RUNNING.append(stages)
+    try:
+        assert cycle_timing.worker_step(SimpleNamespace(), lambda self, batch: None, step) == "result"
+    finally:
+        cycle_timing._RUNNING.pop()
+    assert stages.parts_open["forward_batch_generation"] == pytest.approx(0.4e-3)
+    assert cycle_timing.worker_step(SimpleNamespace(), lambda self, batch: None, step) == "result"  # no scheduler
+
+
 def test_a_nested_stage_counts_in_the_outer_one_and_a_refused_profiler_never_fails_a_stage():
     """process_batch_result inside process_input_requests (SGLang pauses generation from a request) counts once, in
     the outer stage; a profiler another one holds is logged once and the stages run on unprofiled."""

@@ -592,6 +592,27 @@ def test_a_bad_cycle_timing_value_is_refused_at_start(monkeypatch):
     _args()
 
 
+def test_a_cycle_timing_scope_is_all_or_scheduler_with_the_cycle_timing(monkeypatch):
+    """SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE (diagnostics): all or scheduler, with the cycle timing; scheduler leaves
+    the worker's timing out, so an A/B inside the server (timed there) is refused with it."""
+    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
+    monkeypatch.delenv(config.AB_STEPS_ENV, raising=False)
+    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "workers")
+    with pytest.raises(EagleTritonConfigError, match="CYCLE_TIMING_SCOPE='workers'.*all, scheduler"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "scheduler")
+    with pytest.raises(EagleTritonConfigError, match="CYCLE_TIMING_SCOPE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
+    _args()
+    monkeypatch.setenv(config.AB_STEPS_ENV, "16")
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS with SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler"):
+        _args()
+    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "all")
+    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "1")
+    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+
+
 def test_sglangs_skip_of_the_steps_0_extend_is_refused(monkeypatch):
     """SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (SGLang's): it would skip our steps-0 KV fill with the extend."""
     for value in ("1", "true", "Y"):
