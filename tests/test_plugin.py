@@ -595,22 +595,16 @@ def test_a_bad_cycle_timing_value_is_refused_at_start(monkeypatch):
 def test_a_cycle_timing_scope_is_all_or_scheduler_with_the_cycle_timing(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE (diagnostics): all or scheduler, with the cycle timing; scheduler leaves
     the worker's timing out, so an A/B inside the server (timed there) is refused with it."""
-    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
-    monkeypatch.delenv(config.AB_STEPS_ENV, raising=False)
-    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "workers")
-    with pytest.raises(EagleTritonConfigError, match="CYCLE_TIMING_SCOPE='workers'.*all, scheduler"):
-        _args()
-    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "scheduler")
-    with pytest.raises(EagleTritonConfigError, match="CYCLE_TIMING_SCOPE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
-        _args()
-    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
-    _args()
-    monkeypatch.setenv(config.AB_STEPS_ENV, "16")
-    with pytest.raises(EagleTritonConfigError, match="AB_STEPS with SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler"):
-        _args()
-    monkeypatch.setenv(config.CYCLE_TIMING_SCOPE_ENV, "all")
-    monkeypatch.setenv(config.VERIFY_IN_GRAPH_ENV, "1")
-    _args("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    chain = ("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    _start_in_steps(monkeypatch, [
+        ({config.CYCLE_TIMING_ENV: None, config.AB_STEPS_ENV: None, config.CYCLE_TIMING_SCOPE_ENV: "workers"}, (),
+         "CYCLE_TIMING_SCOPE='workers'.*all, scheduler"),
+        ({config.CYCLE_TIMING_SCOPE_ENV: "scheduler"}, (),
+         "CYCLE_TIMING_SCOPE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"),
+        ({config.CYCLE_TIMING_ENV: "200"}, (), None),
+        ({config.AB_STEPS_ENV: "16"}, (), "AB_STEPS with SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler"),
+        ({config.CYCLE_TIMING_SCOPE_ENV: "all", config.VERIFY_IN_GRAPH_ENV: "1"}, chain, None),
+    ])
 
 
 def test_sglangs_skip_of_the_steps_0_extend_is_refused(monkeypatch):
@@ -626,15 +620,12 @@ def test_sglangs_skip_of_the_steps_0_extend_is_refused(monkeypatch):
 def test_a_cycle_profile_needs_a_count_and_the_cycle_timing(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_PROFILE (diagnostics): a whole number of functions, logged with the cycle timing's
     summaries, so refused without it."""
-    monkeypatch.delenv(config.CYCLE_TIMING_ENV, raising=False)
-    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "all")
-    with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_CYCLE_PROFILE='all'.*whole number"):
-        _args()
-    monkeypatch.setenv(config.CYCLE_PROFILE_ENV, "30")
-    with pytest.raises(EagleTritonConfigError, match="CYCLE_PROFILE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"):
-        _args()
-    monkeypatch.setenv(config.CYCLE_TIMING_ENV, "200")
-    _args()
+    _start_in_steps(monkeypatch, [
+        ({config.CYCLE_TIMING_ENV: None, config.CYCLE_PROFILE_ENV: "all"}, (),
+         "SGLANG_EAGLE_TRITON_CYCLE_PROFILE='all'.*whole number"),
+        ({config.CYCLE_PROFILE_ENV: "30"}, (), "CYCLE_PROFILE without SGLANG_EAGLE_TRITON_CYCLE_TIMING"),
+        ({config.CYCLE_TIMING_ENV: "200"}, (), None),
+    ])
 
 
 def test_a_cycle_profile_folder_needs_the_profile_and_a_writable_folder(monkeypatch, tmp_path):
@@ -676,6 +667,12 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
          "AB_STEPS for plain_direct without .*PLAIN_OFF=1.*Set"),
         ({config.PLAIN_OFF_ENV: "1"}, ("--speculative-adaptive",), None),
     ]
+    _start_in_steps(monkeypatch, steps)
+
+
+def _start_in_steps(monkeypatch, steps) -> None:
+    """Each step ``(env, argv, refused)``: set ``env``'s variables (None: unset), then a start with ``argv`` is refused
+    matching ``refused``, or (None) starts."""
     for env, argv, refused in steps:
         for name, value in env.items():
             if value is None:
