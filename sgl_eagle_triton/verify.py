@@ -208,15 +208,24 @@ def simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accep
 
 class _AsDecode:
     """A verify forward batch of one node per request seen as the decode batch it amounts to: mode DECODE, no
-    speculative input, and every request's KV counting the token verified (its KV is written before attention)."""
+    speculative input, and every request's KV counting the token verified (its KV is written before attention). The
+    host-side lengths (``seq_lens_cpu``, ``seq_lens_sum``) are counted when read: SGLang's Triton backend reads
+    neither on its decode paths (only a unified pool or a sliding window does), so a step makes no host op for them."""
 
     def __init__(self, forward_batch):
         self._batch = forward_batch
         self.forward_mode, self.spec_info = ForwardMode.DECODE, None
         self.seq_lens = forward_batch.seq_lens + 1
-        total, lens_cpu = forward_batch.seq_lens_sum, getattr(forward_batch, "seq_lens_cpu", None)
-        self.seq_lens_sum = None if total is None else total + forward_batch.batch_size
-        self.seq_lens_cpu = None if lens_cpu is None else lens_cpu + 1
+
+    @property
+    def seq_lens_sum(self):
+        total = self._batch.seq_lens_sum
+        return None if total is None else total + self._batch.batch_size
+
+    @property
+    def seq_lens_cpu(self):
+        lens_cpu = getattr(self._batch, "seq_lens_cpu", None)
+        return None if lens_cpu is None else lens_cpu + 1
 
     def __getattr__(self, name):
         return getattr(self._batch, name)

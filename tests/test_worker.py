@@ -630,6 +630,14 @@ def test_one_node_verify_attends_as_a_decode(monkeypatch):
     for _, view, *_ in seen:
         assert view.forward_mode == ForwardMode.DECODE and view.spec_info is None and view.seq_lens_sum == 16
         assert view.seq_lens.tolist() == [6, 10] and view.out_cache_loc is batch.out_cache_loc
+        assert view.seq_lens_cpu is None  # the verify batch has no host lengths
+    batch.seq_lens_cpu = torch.tensor([5, 9])
+    backend.init_forward_metadata(batch)
+    assert seen[-1][1].seq_lens_cpu.tolist() == [6, 10] and batch.seq_lens_cpu.tolist() == [5, 9]
+    batch.seq_lens_sum = None
+    backend.init_forward_metadata(batch)
+    assert seen[-1][1].seq_lens_sum is None
+    seen[2:] = []
     assert seen[1][2] is True
     assert backend.forward_extend(None, None, None, None, batch) == "decode"
     extend = SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2)
