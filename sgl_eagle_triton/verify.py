@@ -209,8 +209,9 @@ def simulate_acceptance(verify_input, logits, predict, num_correct_drafts, accep
 class _AsDecode:
     """A verify forward batch of one node per request seen as the decode batch it amounts to: mode DECODE, no
     speculative input, and every request's KV counting the token verified (its KV is written before attention). The
-    host-side lengths (``seq_lens_cpu``, ``seq_lens_sum``) are counted when read: SGLang's Triton backend reads
-    neither on its decode paths (only a unified pool or a sliding window does), so a step makes no host op for them."""
+    host-side lengths (``seq_lens_cpu``, ``seq_lens_sum``) are counted when read: SGLang's Triton backend reads no
+    ``seq_lens_cpu`` on its decode paths (a unified pool or a sliding window would), so a step makes no host tensor op
+    for it (``seq_lens_sum``, an int, sizes the eager decode metadata)."""
 
     def __init__(self, forward_batch):
         self._batch = forward_batch
