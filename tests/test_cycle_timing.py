@@ -350,7 +350,7 @@ def test_the_scope_scheduler_leaves_the_workers_untimed(monkeypatch, scope, work
     monkeypatch.setattr(plugin, "_time_eagle_workers", lambda every, top: made.append("workers"))
     monkeypatch.setattr(plugin, "get_spec", lambda name: "registered")  # stop after the diagnostics
     plugin.register()
-    assert made == ["stages", "workers"] if workers_timed else made == ["stages"]
+    assert made == (["stages", "workers"] if workers_timed else ["stages"])
 
 
 def test_a_step_our_worker_launches_under_an_untimed_parent_is_only_its_run_batch_part():
