@@ -11,6 +11,11 @@ lines: speculative servers only), and of each part of ``run_batch`` (``run_batch
 in ms. Medians, since one log mixes the batch sizes a sweep
 ran (read such a table as shares, or give each batch its own run).
 
+With ``--by-batch``: one row per log and batch size instead. A summary line goes with the batch size of SGLang's own
+decode log lines (``Decode batch, #running-req: N``, every ``--decode-log-interval`` steps) since the previous one,
+and is left out where they name more than one size or none (a window that spans a change of batch); a ``run_batch
+parts`` or ``cycle timing`` line goes with the stage line before it.
+
 With ``--arms`` (logs of servers running an A/B inside themselves, ``SGLANG_EAGLE_TRITON_AB_STEPS``): per log, each
 arm's median host period and host time in ``forward_batch_generation``, and the ratio of the two arms line by line
 (each line's arms shared that window's host, batch and requests) as a geometric mean with its 90 % t-interval.
@@ -19,6 +24,7 @@ arm's median host period and host time in ``forward_batch_generation``, and the 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 from pathlib import Path
 
@@ -50,6 +56,29 @@ def split(text: str, skip: int = 1) -> dict:
     row["host_in_forward"] = statistics.median(forward) if forward else None
     row["lines"] = len(stages)
     return row
+
+
+_DECODE_BATCH = re.compile(r"Decode batch, #running-req: (\d+)")
+_RANK0_STAGES = re.compile(r"scheduler stages, rank 0, ")
+
+
+def by_batch(text: str) -> dict[int, str]:
+    """A server log ``text`` as one text per batch size (ascending) of its summary lines (the module's docstring:
+    ``--by-batch``), each for :func:`split`; lines of windows without one batch size are left out."""
+    texts: dict[int, list[str]] = {}
+    seen: set[int] = set()
+    label = None  # the batch of the last rank-0 stage line (None: left out)
+    for line in text.splitlines(keepends=True):
+        if m := _DECODE_BATCH.search(line):
+            seen.add(int(m.group(1)))
+        elif _RANK0_STAGES.search(line):
+            label = next(iter(seen)) if len(seen) == 1 else None
+            seen = set()
+            if label is not None:
+                texts.setdefault(label, []).append(line)
+        elif label is not None and (" run_batch parts, " in line or " cycle timing, " in line):
+            texts[label].append(line)
+    return {batch: "".join(texts[batch]) for batch in sorted(texts)}
 
 
 def table(rows: dict) -> str:
@@ -114,8 +143,13 @@ def main() -> None:
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--skip", type=int, default=1, help="summary lines skipped at the start of each log")
     parser.add_argument("--arms", action="store_true", help="the arms of an A/B inside each server instead")
+    parser.add_argument("--by-batch", action="store_true",
+                        help="one row per log and batch size (SGLang's decode log lines of each window)")
     args = parser.parse_args()
     texts = {log.stem: log.read_text(errors="replace") for log in args.logs}
+    if args.by_batch:
+        texts = {f"{name} (batch {batch})": part for name, text in texts.items()
+                 for batch, part in by_batch(text).items()}
     if args.arms:
         print(arms_table({name: arms(text, args.skip) for name, text in texts.items()}), end="")
     else:

@@ -128,6 +128,38 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
     assert "| nospec | 0 |" + " - |" * 17 in text
 
 
+def test_stage_split_by_batch_keeps_windows_of_one_batch_size():
+    """bench.stage_split --by-batch: a summary line goes with the batch size of SGLang's decode log lines since the
+    previous rank-0 stage line, its parts line with it; a window whose decode lines name two sizes (the batch changed
+    inside it) or none is left out, as is another rank's stage line."""
+    from bench import stage_split
+
+    def decode(n):
+        return f"[2026-12-02 11:28:36] Decode batch, #running-req: {n}, #token: 40, cuda graph: True\n"
+
+    def stage(period, rank=0):
+        return (f"EAGLE_TRITON scheduler stages, rank {rank}, 200 decode iterations: period {period:.3f} ms = "
+                f"process_input_requests 0.100 + get_next_batch_to_run 0.200 + run_batch 0.300 + _apply_war_barrier "
+                f"0.010 + process_batch_result 0.500 + rest 0.190 (ms); garbage collection 0.000 ms, full 0.000 ms\n")
+
+    def parts(forward):
+        return (f"EAGLE_TRITON run_batch parts, rank 0, 200 decode iterations: resolve_seq_lens_cpu 0.010 + "
+                f"resolve_forward_inputs 0.020 + forward_batch_generation {forward:.3f} + record_batch_in_overlap "
+                f"0.030 + _relay_forward_payload 0.040 + copy_to_cpu 0.050 + other 0.060 (ms)\n")
+
+    log = (decode(1) + decode(1) + stage(1.0) + parts(0.5) + decode(1) + stage(1.2) + parts(0.7)
+           + decode(1) + decode(4) + stage(9.0) + parts(9.0)  # the batch changed inside: left out
+           + decode(4) + stage(2.0, rank=1) + stage(2.0) + parts(1.5) + stage(7.0) + parts(7.0)  # no decode line
+           + decode(4) + stage(2.4) + parts(1.9))
+    texts = stage_split.by_batch(log)
+    assert list(texts) == [1, 4]
+    one, four = (stage_split.split(texts[b], skip=0) for b in (1, 4))
+    assert one["lines"] == 2 and one["period"] == pytest.approx(1.1)
+    assert one["run_batch: forward_batch_generation"] == pytest.approx(0.6)
+    assert four["lines"] == 2 and four["period"] == pytest.approx(2.2)
+    assert four["run_batch: forward_batch_generation"] == pytest.approx(1.7)
+
+
 def test_the_policy_simulation_shows_the_probe_leaving_steps_0_for_easy_requests():
     """bench.policy_sim (docs/off-step-design.md section 6): after hard requests the cost policy without a probe stays
     at steps 0 for the easy ones that follow (it learns no acceptance there); with steps 0's probe it drafts again,
