@@ -688,9 +688,11 @@ POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "rest_ms", "rest
 def policy_state(server) -> dict | None:
     """Row key ``policy`` of an EAGLE_TRITON adaptive server after a batch, from its ``/server_info``: the decode steps
     run at each step count since start (``steps_in_force``), how its steps 0 ran (``steps_0``: plain steps, those
-    whose token and fill came from the target graph, resumes; all since start) and, under the cost policy, its
+    whose token and fill came from the target graph, resumes, and the plain steps held as a non-speculative batch
+    (``held``, under SGLANG_EAGLE_TRITON_OFF_NONSPEC=1); all since start) and, under the cost policy, its
     switches, depth rates and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose, how its choice
     ran, and the prices it chose by. None for other servers."""
+    from sgl_eagle_triton.off_route import NONSPEC_STEP
     from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
     from sgl_eagle_triton.worker import GRAPH_EPILOGUE
 
@@ -699,7 +701,7 @@ def policy_state(server) -> dict | None:
         return None
     policy, ran = state.get("adaptive_policy") or {}, state.get("ran") or {}
     steps_0 = {"plain": ran.get(PLAIN_OFF_STEP, 0), "graph_epilogue": ran.get(GRAPH_EPILOGUE, 0),
-               "resumes": state.get("adaptive_resumes", 0)}
+               "resumes": state.get("adaptive_resumes", 0), "held": ran.get(NONSPEC_STEP, 0)}
     return {"steps_in_force": state["adaptive_steps_in_force"], "steps_0": steps_0,
             **{k: policy[k] for k in POLICY_KEYS if k in policy}}
 

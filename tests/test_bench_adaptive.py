@@ -499,24 +499,27 @@ def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_
     """Each row of an adaptive server carries ``policy``: its steps in force, how its steps 0 ran (plain steps, those
     from the target graph's epilogue, resumes) and the cost policy's switches, rates, rests and their spreads, read
     from ``/server_info`` after the batch; other servers' rows carry none."""
+    from sgl_eagle_triton.off_route import NONSPEC_STEP
     from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
     from sgl_eagle_triton.worker import GRAPH_EPILOGUE
 
     report = {"adaptive_steps_in_force": {"0": 5, "3": 2}, "adaptive_resumes": 2,
-              "ran": {PLAIN_OFF_STEP: 5, GRAPH_EPILOGUE: 4, "triton build_tree": 2},
+              "ran": {PLAIN_OFF_STEP: 5, GRAPH_EPILOGUE: 4, NONSPEC_STEP: 3, "triton build_tree": 2},
               "adaptive_policy": {"policy": "cost", "steps": 0, "switches": 3, "depth_rates": [0.5], "rest_ms": {
                   "0,1": 1.5}, "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}, "replay_ms": {"0,1": 0.1}}}
     servers = ServerLog(state={"eagle_triton": report})
     monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
     rows, _ = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
     assert [r["policy"] for r in rows] == [{"steps_in_force": {"0": 5, "3": 2},
-                                            "steps_0": {"plain": 5, "graph_epilogue": 4, "resumes": 2},
+                                            "steps_0": {"plain": 5, "graph_epilogue": 4, "resumes": 2,
+                                                                "held": 3},
                                             "switches": 3, "depth_rates": [0.5],
                                             "rest_ms": {"0,1": 1.5}, "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}}] * 2
     sglang_policy = ServerLog(state={"eagle_triton": {"adaptive_steps_in_force": {"3": 7}}}).server_class()(
         "eagle_triton_adaptive", "m", [], "w")  # SGLang's policy, no steps 0 run yet
     assert adaptive.policy_state(sglang_policy) == {"steps_in_force": {"3": 7},
-                                                    "steps_0": {"plain": 0, "graph_epilogue": 0, "resumes": 0}}
+                                                    "steps_0": {"plain": 0, "graph_epilogue": 0, "resumes": 0,
+                                                                "held": 0}}
     assert adaptive.policy_state(ServerLog().server_class()("nospec", "m", [], "w")) is None
 
 
