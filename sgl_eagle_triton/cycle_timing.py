@@ -419,11 +419,17 @@ def parse_arm_summaries(text: str) -> list[dict]:
     return rows
 
 
+ACTIVE = False  # a timed wrapper was made in this process (timed_forward, timed_stage): worker_step may time a step
+
+
 def timed_forward(forward, every: int, make_timing=CycleTiming, profile_top: int = 0):
     """``forward`` (SGLang's ``EAGLEWorkerV2.forward_batch_generation(self, batch, ...)``) with its decode steps timed
     by one :class:`CycleTiming` per worker (made at its first call: the worker's TP rank (glue.hooks.tp_rank_of), its
     ``server_args.speculative_algorithm``, ``profile_top`` as given). A prefill breaks the chain and is not timed, nor
     is an idle batch."""
+
+    global ACTIVE
+    ACTIVE = True
 
     @functools.wraps(forward)
     def timed(self, batch, *args, **kwargs):
@@ -471,6 +477,8 @@ def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, pro
     :class:`SchedulerStages` per scheduler (made at its first timed call: its TP rank (glue.hooks.tp_rank_of), its
     ``server_args.speculative_algorithm`` or ``no-spec``). ``run_batch`` first closes the iteration: decode when its
     batch's ``forward_mode.is_decode()`` (a prefill, an idle or mixed batch breaks the chain)."""
+    global ACTIVE
+    ACTIVE = True
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):

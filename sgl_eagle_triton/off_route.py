@@ -79,7 +79,7 @@ class NonspecRoute:
         self._decided_at_prep = True
         plain = (self.speculative_num_steps == 0 and self.draft_worker.fill_kv_only and off_step.serves(batch)
                  and not self._nonspec_paused)
-        if nonspec.is_nonspec(batch):
+        if batch.spec_algorithm is nonspec.NO_SPEC:
             if plain and nonspec.can_stay(batch):
                 nonspec.trim(batch)
             else:
@@ -93,7 +93,7 @@ class NonspecRoute:
         prepared = prepare(batch)
         # a non-speculative preparation counts the token in new tensors (SGLang 0.5.17: "new-tensor avoids racing"),
         # leaving these as the lengths before it: the step reads them (_nonspec_step) if it launches this batch
-        self._lengths_before = (before, batch.seq_lens) if nonspec.is_nonspec(batch) else None
+        self._lengths_before = (before, batch.seq_lens) if batch.spec_algorithm is nonspec.NO_SPEC else None
         return prepared
 
     def _plain_in_flight_for(self, batch) -> bool:
@@ -123,14 +123,13 @@ class NonspecRoute:
         batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = before, before_cpu, before_sum
         batch.spec_info = self.plain_off.verify_input_of(tokens, before, self.topk)
         try:
-            result = self._run_plain_step(batch, held)
+            result = self._run_plain_step(batch, held)  # (counted as a plain step and a held one)
             self.draft_worker.fill_after_plain_step(batch, result)
         finally:
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, after_sum
             glue.as_decode(batch)
             batch.spec_info = None
         nonspec.publish_unfenced()  # the scheduler's publish of these lengths next: none resolves them on the host
-        note_ran(NONSPEC_STEP)
         return result
 
     def feed_nonspec_step(self, processor, batch) -> None:

@@ -58,6 +58,16 @@ def note_ran(what: str, where: str = "") -> None:
     RAN[what] += 1
 
 
+def count_ran(*whats: str) -> None:
+    """:func:`note_ran` of each of ``whats`` in one call (a decode step's hot path: its counts after the first are
+    plain dict updates)."""
+    for what in whats:
+        if RAN[what]:
+            RAN[what] += 1
+        else:
+            note_ran(what)
+
+
 def witnessed(fn, what: str):
     """``fn``, counting its calls in ``RAN[what]`` and logging one line at its first call (:func:`note_ran`)."""
 

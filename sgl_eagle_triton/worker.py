@@ -91,7 +91,7 @@ from sgl_eagle_triton.lean_phases import (  # noqa: F401 (LEAN_DRAFT, LEAN_EXTEN
     graph_sizes,
 )
 from sgl_eagle_triton.lean_phases import fused_draft as _fused_draft
-from sgl_eagle_triton.off_route import NonspecRoute
+from sgl_eagle_triton.off_route import NONSPEC_STEP, NonspecRoute
 from sgl_eagle_triton.off_step import PLAIN_DIRECT, PLAIN_OFF_STEP, GraphEpilogue, PlainOff
 from sgl_eagle_triton.row_graphs import RowGraphs
 from sgl_eagle_triton.verify import (
@@ -99,6 +99,7 @@ from sgl_eagle_triton.verify import (
     VERIFY_GREEDY,
     VERIFY_SAMPLING,
     TreeVerifyAttention,
+    count_ran,
     one_node_verify_attention,
     witnessed,
 )
@@ -214,10 +215,8 @@ _build_tree = witnessed(build_tree_kernel_efficient, BUILD_TREE)
 REPLACEMENTS = {"build_tree": build_tree_kernel_efficient, "eagle_sample": verify.eagle_sample,
                 "verify_tree_greedy": verify.verify_tree_greedy_func}
 _fill = witnessed(lambda fill, *rows: fill(*rows), DRAFT_KV_FILL)  # steps 0's fill, graphed or eager
-_plain_step = witnessed(PlainOff.step, PLAIN_OFF_STEP)
+_plain_step = PlainOff.step  # counted by its caller (_run_plain_step: count_ran)
 _note_direct = witnessed(lambda: None, PLAIN_DIRECT)  # a plain step entered before SGLang's steps-0 flow
-# a plain step whose token and fill came from its target graph (off_step.GraphEpilogue): counted as both
-_filled_in_graph = witnessed(witnessed(lambda: None, DRAFT_KV_FILL), GRAPH_EPILOGUE)
 
 
 def verify_graph_sizes(state) -> list[int]:
@@ -324,9 +323,9 @@ class TritonEagleDraftWorker(LeanDraftWorker, EagleDraftWorker):
         (:meth:`capture_draft_kv`), and, where the result carries a draft input (a held step's carries none:
         off_route), stub top-k / hidden states of the right shapes for SGLang's overlap bookkeeping (as its
         ``_stub_skipped_draft_extend``)."""
-        if self.kv_filled_in_graph:
+        if self.kv_filled_in_graph:  # the token and its fill came from the target graph (off_step.GraphEpilogue)
             self.kv_filled_in_graph = False
-            _filled_in_graph()
+            count_ran(GRAPH_EPILOGUE, DRAFT_KV_FILL)  # counted as both
         else:
             _fill(self._fill_graphs or self._fill_rows, batch_result.next_token_ids,
                   batch_result.logits_output.hidden_states, batch.seq_lens, batch.out_cache_loc)
@@ -493,6 +492,7 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
     the lean draft phase and draft extend: :class:`~sgl_eagle_triton.lean_phases.LeanStarts`; adaptive steps 0 held as
     SGLang's non-speculative decode: :class:`~sgl_eagle_triton.off_route.NonspecRoute`."""
 
+    draft_worker = glue.draft_worker_property  # SGLang's property, without a Python call a read
     plain_off: PlainOff | None = None  # steps 0 as a plain decode step (start_plain_off, from init_cuda_graphs)
     plain_off_declined: str | None = None  # why steps 0 keeps SGLang's verify although the plain step was not refused
     verify_epilogue: VerifyEpilogue | None = None  # greedy chains verified in the target's graphs (mark_chain_graphs)
@@ -841,16 +841,23 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
         extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         self._pre_activated = False
         self._plain_inflight = None
+        if self.nonspec_on and batch.spec_algorithm is nonspec.NO_SPEC and not extend:
+            # off_route's held step: its state (and the A/B's arm) put in force at the batch's preparation
+            if self._ab_steps and not self._decided_at_prep and not batch.forward_mode.is_idle():
+                self._next_ab_arm()
+            self._decided_at_prep = False
+            if not cycle_timing.ACTIVE:  # (no instrument in this process: no wrapper around the step)
+                return self._nonspec_step(batch)
+            return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
+                                            lambda: self._nonspec_step(batch))
         if self.cost_policy is not None and extend:
             self.cost_policy.forget_last_step()
         if self._ab_steps and not extend and not batch.forward_mode.is_idle() and not self._decided_at_prep:
             self._next_ab_arm()  # (under off_route at the batch's preparation, with its state)
-        if self.nonspec_on and not extend and nonspec.is_nonspec(batch):  # off_route: the state put in force at
-            self._decided_at_prep = False  # the batch's preparation
-            return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
-                                            lambda: self._nonspec_step(batch))
         if self.plain_off is not None and not extend and not args and not batch.forward_mode.is_idle():
             # timed (diagnostics) over the same span as SGLang's method: the state put in force included
+            if not cycle_timing.ACTIVE:
+                return self._decode_step(batch, **kwargs)
             return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
                                             lambda: self._decode_step(batch, **kwargs))
         return super().forward_batch_generation(batch, *args, **kwargs)
@@ -889,10 +896,15 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
         filled, and the WAR event to record once the fill has been launched (the scheduler's barrier then takes its
         fast path, as after a decode step)."""
         result = _plain_step(self.plain_off, batch, self.target_worker, self.req_to_token_pool.req_to_token, held)
+        if held is None:
+            count_ran(PLAIN_OFF_STEP)
+        else:  # (off_route's held step)
+            count_ran(PLAIN_OFF_STEP, NONSPEC_STEP)
         if self.nonspec_on:  # (off_route: a batch whose plain step is in flight can turn non-speculative)
             self._plain_inflight = batch.reqs
-        self.draft_worker.kv_filled_in_graph = self.plain_off.filled
-        self.draft_worker.read_done_after_fill = self._publish_read_done
+        draft_worker = self.draft_worker
+        draft_worker.kv_filled_in_graph = self.plain_off.filled
+        draft_worker.read_done_after_fill = self._publish_read_done
         return result
 
     def _next_ab_arm(self) -> None:

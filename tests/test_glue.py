@@ -260,3 +260,15 @@ def test_the_scheduler_stages_the_cycle_timing_wraps_are_this_sglangs():
     for stage in SCHEDULER_STAGES:
         assert callable(getattr(Scheduler, stage, None)), stage
     assert list(inspect.signature(Scheduler.run_batch).parameters)[:2] == ["self", "batch"]
+
+
+def test_the_workers_draft_worker_reads_what_sglangs_property_reads():
+    """The worker's ``draft_worker`` (glue.call_sites.draft_worker_property, a C getter) is this SGLang's
+    ``BaseSpecWorker.draft_worker`` of the same worker."""
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+    from sgl_eagle_triton.worker import EagleTritonWorkerV2
+
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w._draft_worker = object()
+    assert w.draft_worker is BaseSpecWorker.draft_worker.fget(w) is w._draft_worker

@@ -242,6 +242,47 @@ def test_a_held_batch_is_checked_for_room_to_turn_back_before_its_preparation(sg
     assert ScheduleBatch.check_decode_mem(batch)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_room_to_turn_back_is_sglangs_speculative_need_at_page_size_1(monkeypatch, seed):
+    """nonspec.spec_v2_need_page_1 (the held batch's memory check, one sum without a call a request) equals SGLang's
+    ``ScheduleBatch._new_tokens_required_next_decode_spec_v2(reqs, 1)`` on requests holding less, as much as and more
+    than their reservation past the commit (batch 1 included); the reservation read once per install."""
+    monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda *a: RESERVE)
+    nonspec.install(SimpleNamespace(prepare_decode=None))
+    try:
+        generator = torch.Generator().manual_seed(seed)
+        for bs in (1, 2, 7):
+            committed = torch.randint(1, 60, (bs,), generator=generator).tolist()
+            held = torch.randint(0, 2 * RESERVE, (bs,), generator=generator).tolist()
+            reqs = [SimpleNamespace(kv_committed_len=c, kv=SimpleNamespace(kv_allocated_len=c + h))
+                    for c, h in zip(committed, held, strict=True)]
+            sglang = ScheduleBatch._new_tokens_required_next_decode_spec_v2(None, reqs, 1)
+            assert nonspec.spec_v2_need_page_1(reqs) == sglang
+        assert sglang > 0 and any(h > RESERVE for h in held)  # both sides of the reservation were drawn
+        monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda *a: RESERVE + 1)
+        assert nonspec.spec_v2_need_page_1(reqs) == sglang  # kept until the next install
+    finally:
+        nonspec.ROUTE = None
+
+
+@pytest.mark.parametrize("instrument", [False, True])
+def test_a_held_batch_enters_its_step_directly_unless_an_instrument_times_it(monkeypatch, instrument):
+    """The worker's ``forward_batch_generation`` of a non-speculative decode batch runs the held step itself (no
+    wrapper around it) unless the cycle timing is on in the process, whose ``worker_step`` then times it."""
+    from sgl_eagle_triton import cycle_timing
+
+    monkeypatch.setattr(cycle_timing, "ACTIVE", instrument)
+    timed = []
+    monkeypatch.setattr(cycle_timing, "worker_step", lambda worker, parent, call: timed.append(True) or call())
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.nonspec_on, w._decided_at_prep, w.cost_policy = True, True, None
+    w._nonspec_step = lambda batch: "held step"
+    batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, is_extend_in_batch=False,
+                            forward_mode=schedule_batch.ForwardMode.DECODE)
+    assert w.forward_batch_generation(batch) == "held step"
+    assert timed == ([True] if instrument else []) and not w._decided_at_prep and w._plain_inflight is None
+
+
 def test_a_held_batch_frees_what_a_merged_prefill_holds_beyond_its_commit(sglang_preps):
     schedule = Schedule(prompts=(5, 9))
     batch = schedule.batch
@@ -421,30 +462,34 @@ def test_the_preparation_keeps_the_lengths_before_a_non_speculative_step(monkeyp
 
 
 class _Running:
-    """What the feed reads and counts on a request."""
+    """What the feed reads and counts on a request (SGLang's ``Req`` fields)."""
 
-    def __init__(self, finished=False):
-        self.spec_verify_ct, self.histogram, self.is_retracted, self._finished = 4, [], False, finished
-
-    def finished(self):
-        return self._finished
-
-    def update_spec_correct_drafts_histogram(self, n):
-        self.histogram.append(n)
+    def __init__(self, finished=False, histogram=()):
+        self.spec_verify_ct, self.is_retracted = 4, False
+        self.finished_reason = "length" if finished else None
+        self.spec_correct_drafts_histogram = list(histogram)
 
 
 def test_a_non_speculative_result_feeds_the_policy_and_the_metrics_a_plain_step(monkeypatch):
     """As SGLang's spec-v2 processing of a plain step: the policy gets zero drafts a request, the server's metrics a
-    step of one token a request, each running request one more verify of nothing accepted (a finished one nothing)."""
+    step of one token a request, each running request one more verify of nothing accepted (a finished one nothing):
+    the counts SGLang's own ``Req.finished`` / ``Req.update_spec_correct_drafts_histogram(0)`` make on a twin."""
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     fed, counted = [], []
     w.on_verify_complete_cpu = lambda correct, batch_size=0: fed.append((correct, batch_size))
     processor = SimpleNamespace(metrics_reporter=SimpleNamespace(update_spec_metrics=lambda bs, n: counted.append(
         (bs, n))))
-    reqs = [_Running(), _Running(finished=True), _Running()]
+    cases = [{}, {"finished": True, "histogram": [3]}, {"histogram": [2, 5]}]
+    reqs, twins = [_Running(**case) for case in cases], [_Running(**case) for case in cases]
     w.feed_nonspec_step(processor, SimpleNamespace(reqs=reqs))
     assert fed == [([0, 0, 0], 3)] and counted == [(3, 0)]
-    assert [r.spec_verify_ct for r in reqs] == [5, 4, 5] and [r.histogram for r in reqs] == [[0], [], [0]]
+    for twin in twins:
+        if not schedule_batch.Req.finished(twin):
+            twin.spec_verify_ct += 1
+            schedule_batch.Req.update_spec_correct_drafts_histogram(twin, 0)
+    assert [r.spec_verify_ct for r in reqs] == [t.spec_verify_ct for t in twins] == [5, 4, 5]
+    assert [r.spec_correct_drafts_histogram for r in reqs] == [t.spec_correct_drafts_histogram for t in twins] \
+        == [[1], [3], [3, 5]]
 
 
 def test_the_ab_arm_without_the_route_keeps_plain_steps_on_the_speculative_path(monkeypatch):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import inspect
+import operator
 import types
 from contextlib import contextmanager
 
@@ -380,6 +381,12 @@ def graph_capture():
     from sglang.srt.distributed.parallel_state import graph_capture as capture
 
     return capture()
+
+
+# SGLang's ``BaseSpecWorker.draft_worker`` (0.5.17-0.5.23: a property returning ``self._draft_worker``), which our
+# worker reads several times a decode step: the same read as a property whose getter is C code (no Python call a read)
+draft_worker_property = property(operator.attrgetter("_draft_worker"),
+                                 doc="The draft worker (SGLang's ``BaseSpecWorker.draft_worker``: ``_draft_worker``).")
 
 
 # Adaptive steps 0 as a plain decode step (sgl_eagle_triton.off_step)

@@ -39,9 +39,10 @@ Served where it was read and run: SGLang 0.5.17 (:func:`problems`), page size 1,
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
-from sglang.srt.managers import overlap_utils
+from sglang.srt.managers import overlap_utils, schedule_batch
 from sglang.srt.managers.schedule_batch import ReqKvInfo, ScheduleBatch
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -54,19 +55,24 @@ TESTED = ("0.5.17",)  # the releases this route was read and run on
 _MARKER = "sgl_eagle_triton_nonspec"
 
 ROUTE = None  # the worker whose route runs in this process (install), None without one
+NO_SPEC = SpeculativeAlgorithm.NONE  # a non-speculative batch's ``spec_algorithm`` (an enum member: ``is`` compares)
 # chosen once: where a request's committed length lives (0.5.17 the request; 0.5.19+ its ReqKvInfo), and whether
 # SGLang's CI relay assertions run (a constant of its module)
 _COMMITTED_ON_KV = "kv_committed_len" in getattr(ReqKvInfo, "__annotations__", {})
 _CI_ASSERTS = relay.sglang_ci_asserts()
+_reserve = None  # SGLang's KV reservation per request and speculative decode step, read at the first memory check
+# (a constant of the server's arguments)
+
+# The held batch's hot path is per decode step and, in its loops, per request: the reads below are attribute reads
+# (operator.attrgetter), the checks identity tests, so that the route adds as few Python calls to a step as it can.
+
+committed = operator.attrgetter("kv.kv_committed_len" if _COMMITTED_ON_KV else "kv_committed_len")
+"""A request's committed KV length (0.5.17 ``Req.kv_committed_len``; 0.5.19+ ``req.kv.kv_committed_len``)."""
+_allocated = operator.attrgetter("kv.kv_allocated_len")
 
 
 def is_nonspec(batch) -> bool:
-    return batch.spec_algorithm.is_none()
-
-
-def committed(req) -> int:
-    """A request's committed KV length (0.5.17 ``Req.kv_committed_len``; 0.5.19+ ``req.kv.kv_committed_len``)."""
-    return req.kv.kv_committed_len if _COMMITTED_ON_KV else req.kv_committed_len
+    return batch.spec_algorithm is NO_SPEC
 
 
 def _free_beyond(batch, lengths: list[int]) -> None:
@@ -112,8 +118,10 @@ def trim(batch) -> None:
     """Free what a request merged into the non-speculative ``batch`` from a prefill still holds beyond its committed
     length (which is its length before this step's token: a held request commits at preparation, a prefill at its
     own)."""
-    if any(req.kv.kv_allocated_len > committed(req) for req in batch.reqs):
-        _free_beyond(batch, [committed(req) for req in batch.reqs])
+    reqs = batch.reqs
+    lengths = list(map(committed, reqs))
+    if any(map(operator.gt, map(_allocated, reqs), lengths)):
+        _free_beyond(batch, lengths)
 
 
 def leave(batch, algorithm, stubs) -> None:
@@ -167,8 +175,8 @@ def problems() -> list[str]:
 def install(route) -> None:
     """``route`` (the worker: ``prepare_decode(prepare, batch)``, ``feed_nonspec_step(processor, batch)``) runs this
     process's decode preparations and sees its non-speculative results first (the module's docstring)."""
-    global ROUTE
-    ROUTE = route
+    global ROUTE, _reserve
+    ROUTE, _reserve = route, None
     if getattr(ScheduleBatch.prepare_for_decode, _MARKER, False):
         return
     ScheduleBatch.prepare_for_decode = _prepare_for_decode(ScheduleBatch.prepare_for_decode)
@@ -192,21 +200,34 @@ def _tokens_required(required):
     @functools.wraps(required)
     def new_tokens_required_next_decode(batch, selected_indices=None):
         need = required(batch, selected_indices)
-        if ROUTE is None or not is_nonspec(batch):
+        if ROUTE is None or batch.spec_algorithm is not NO_SPEC:
             return need
         # a held batch may turn back at this step's preparation, after SGLang's memory check: room (or SGLang's
         # retraction) for the speculative reservation too, as a speculative batch asks
         reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
         page_size = batch.token_to_kv_pool_allocator.page_size
-        return max(need, batch._new_tokens_required_next_decode_spec_v2(reqs, page_size))
+        if page_size != 1:
+            return max(need, batch._new_tokens_required_next_decode_spec_v2(reqs, page_size))
+        return max(need, spec_v2_need_page_1(reqs))
 
     return new_tokens_required_next_decode
+
+
+def spec_v2_need_page_1(reqs) -> int:
+    """SGLang's ``ScheduleBatch._new_tokens_required_next_decode_spec_v2(reqs, 1)`` (the KV slots a speculative
+    preparation of ``reqs`` allocates: each request's reservation past its committed length, less what it holds) at
+    page size 1, where its page alignment is the identity: the same sum without a call per request."""
+    global _reserve
+    if _reserve is None:
+        _reserve = schedule_batch.get_alloc_reserve_per_decode()
+    reserve = _reserve
+    return sum([max(0, committed(req) + reserve - req.kv.kv_allocated_len) for req in reqs])
 
 
 def _process_decode(process):
     @functools.wraps(process)
     def process_batch_result_decode(processor, batch, result, *args, **kwargs):
-        if ROUTE is not None and is_nonspec(batch):
+        if ROUTE is not None and batch.spec_algorithm is NO_SPEC:
             ROUTE.feed_nonspec_step(processor, batch)
         return process(processor, batch, result, *args, **kwargs)
 
@@ -218,7 +239,11 @@ def feed_metrics(processor, batch) -> None:
     log divides by the speculative steps of an interval) and each running request's (its ``spec_accept_length`` in
     ``meta_info`` is tokens over verifies), as SGLang's spec-v2 result processing counts a plain step."""
     processor.metrics_reporter.update_spec_metrics(len(batch.reqs), 0)
-    for req in batch.reqs:
-        if not (req.is_retracted or req.finished()):
+    for req in batch.reqs:  # (``req.finished()`` and ``req.update_spec_correct_drafts_histogram(0)`` as SGLang
+        if not (req.is_retracted or req.finished_reason is not None):  # writes them, without two calls a request)
             req.spec_verify_ct += 1
-            req.update_spec_correct_drafts_histogram(0)
+            histogram = req.spec_correct_drafts_histogram
+            if histogram:
+                histogram[0] += 1
+            else:
+                histogram.append(1)
