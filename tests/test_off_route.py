@@ -283,21 +283,22 @@ def test_a_held_batch_enters_its_step_directly_unless_an_instrument_times_it(mon
     assert timed == ([True] if instrument else []) and not w._decided_at_prep and w._plain_inflight is None
 
 
-def test_a_held_batch_frees_what_a_merged_prefill_holds_beyond_its_commit(sglang_preps):
+@pytest.mark.parametrize("past", [1, 3])
+def test_a_held_batch_frees_what_a_merged_prefill_holds_beyond_its_commit(sglang_preps, past):
     schedule = Schedule(prompts=(5, 9))
     batch = schedule.batch
     for kind, accepted in SCHEDULE[:5]:
         schedule.step(kind, accepted)
     merged = schedule.reqs[1]
-    merged.kv.kv_allocated_len += 3  # a request merged in holding three slots past its commit
+    merged.kv.kv_allocated_len += past  # a request merged in holding slots past its commit
     schedule.rows[merged.req_pool_idx, merged.kv_committed_len:merged.kv.kv_allocated_len] = \
-        schedule.allocator.alloc(3).to(torch.int32)
+        schedule.allocator.alloc(past).to(torch.int32)
     available = schedule.allocator.available_size()
     nonspec.trim(batch)
     assert merged.kv.kv_allocated_len == merged.kv_committed_len
-    assert schedule.allocator.available_size() == available + 3
+    assert schedule.allocator.available_size() == available + past
     nonspec.trim(batch)  # nothing more
-    assert schedule.allocator.available_size() == available + 3
+    assert schedule.allocator.available_size() == available + past
     assert nonspec.can_stay(batch)
     batch.seq_lens_cpu = None  # a prefill merged in without host lengths: the batch turns back instead
     assert not nonspec.can_stay(batch)

@@ -63,12 +63,12 @@ _CI_ASSERTS = relay.sglang_ci_asserts()
 _reserve = None  # SGLang's KV reservation per request and speculative decode step, read at the first memory check
 # (a constant of the server's arguments)
 
-# The held batch's hot path is per decode step and, in its loops, per request: the reads below are attribute reads
-# (operator.attrgetter), the checks identity tests, so that the route adds as few Python calls to a step as it can.
+# The held batch's hot path runs every decode step and its loops every request: plain loops over attribute reads
+# (``committed`` an operator.attrgetter) and identity checks, so that the route adds as little Python to a step as it
+# can (a loop without a Python call a request: ~0.1 us a request).
 
 committed = operator.attrgetter("kv.kv_committed_len" if _COMMITTED_ON_KV else "kv_committed_len")
 """A request's committed KV length (0.5.17 ``Req.kv_committed_len``; 0.5.19+ ``req.kv.kv_committed_len``)."""
-_allocated = operator.attrgetter("kv.kv_allocated_len")
 
 
 def is_nonspec(batch) -> bool:
@@ -119,9 +119,10 @@ def trim(batch) -> None:
     length (which is its length before this step's token: a held request commits at preparation, a prefill at its
     own)."""
     reqs = batch.reqs
-    lengths = list(map(committed, reqs))
-    if any(map(operator.gt, map(_allocated, reqs), lengths)):
-        _free_beyond(batch, lengths)
+    for req in reqs:
+        if req.kv.kv_allocated_len > committed(req):
+            _free_beyond(batch, [committed(r) for r in reqs])
+            return
 
 
 def leave(batch, algorithm, stubs) -> None:
@@ -220,8 +221,12 @@ def spec_v2_need_page_1(reqs) -> int:
     global _reserve
     if _reserve is None:
         _reserve = schedule_batch.get_alloc_reserve_per_decode()
-    reserve = _reserve
-    return sum([max(0, committed(req) + reserve - req.kv.kv_allocated_len) for req in reqs])
+    reserve, need = _reserve, 0
+    for req in reqs:
+        beyond = committed(req) + reserve - req.kv.kv_allocated_len
+        if beyond > 0:
+            need += beyond
+    return need
 
 
 def _process_decode(process):
