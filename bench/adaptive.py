@@ -6,7 +6,7 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
                    eagle_triton_cost_plain eagle_triton_cost_sglang_off eagle_triton_cost_trees
                    eagle_triton_cost_mixed eagle_triton_off
                    eagle_triton_off_plain eagle_triton_off_nonspec eagle_triton_cost_nonspec eagle3_off
-                   eagle3_off_skip] \\
+                   eagle3_off_skip nospec_twin] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
     python -m bench.adaptive --report bench/results/adaptive.json     # table + plot from collected rows
@@ -96,6 +96,8 @@ from sgl_eagle_triton.devtools.testing import CODE_PROMPTS
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "nospec": (None, None),
+    # a second no-spec server beside it (--interleave): an A/A control, their ratio the spread of servers side by side
+    "nospec_twin": (None, None),
     "eagle3": ("EAGLE3", None),
     "eagle_triton": ("EAGLE_TRITON", None),
     "eagle3_adaptive": ("EAGLE3", "sglang"),

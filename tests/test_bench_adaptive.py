@@ -16,6 +16,7 @@ from tests.fake_server import ServerLog
 def test_spec_args_per_system(tmp_path):
     draft = tmp_path / "draft"
     assert adaptive.spec_args("nospec", draft, None, tmp_path) == []
+    assert adaptive.spec_args("nospec_twin", draft, None, tmp_path) == []  # the A/A control: no-spec again
     assert adaptive.spec_args("eagle_triton", draft, (3, 1, 4), tmp_path)[-6:] == [
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
     ours = adaptive.spec_args("eagle_triton_adaptive", draft, None, tmp_path)
