@@ -60,8 +60,9 @@ NO_SPEC = SpeculativeAlgorithm.NONE  # a non-speculative batch's ``spec_algorith
 # SGLang's CI relay assertions run (a constant of its module)
 _COMMITTED_ON_KV = "kv_committed_len" in getattr(ReqKvInfo, "__annotations__", {})
 _CI_ASSERTS = relay.sglang_ci_asserts()
-_reserve = None  # SGLang's KV reservation per request and speculative decode step, read at the first memory check
-# (a constant of the server's arguments)
+_reserve = None  # SGLang's KV reservation per request and speculative decode step, read at the first memory check:
+# on 0.5.17 a constant of the server's arguments (0.5.18+ read the published speculative settings, which SGLang's
+# adaptive switching moves: read it at every check there before TESTED takes them in)
 
 # The held batch's hot path runs every decode step and its loops every request: plain loops over attribute reads
 # (``committed`` an operator.attrgetter) and identity checks, so that the route adds as little Python to a step as it
