@@ -72,10 +72,6 @@ committed = operator.attrgetter("kv.kv_committed_len" if _COMMITTED_ON_KV else "
 """A request's committed KV length (0.5.17 ``Req.kv_committed_len``; 0.5.19+ ``req.kv.kv_committed_len``)."""
 
 
-def is_nonspec(batch) -> bool:
-    return batch.spec_algorithm is NO_SPEC
-
-
 def _free_beyond(batch, lengths: list[int]) -> None:
     """Free each request's KV reserved at and beyond ``lengths[i]`` (``req_to_token[req, length:allocated]``) and set
     its ``kv_allocated_len`` to the length."""
