@@ -5,7 +5,8 @@ static trees and ``--speculative-adaptive``, stock EAGLE3 and EAGLE_TRITON.
         [--systems nospec eagle3 eagle_triton eagle3_adaptive eagle_triton_adaptive eagle_triton_cost
                    eagle_triton_cost_plain eagle_triton_cost_sglang_off eagle_triton_cost_trees
                    eagle_triton_cost_mixed eagle_triton_off
-                   eagle_triton_off_plain eagle_triton_off_nonspec eagle_triton_cost_nonspec eagle3_off
+                   eagle_triton_off_plain eagle_triton_off_nonspec eagle_triton_cost_nonspec
+                   eagle_triton_cost_spec_path eagle3_off
                    eagle3_off_skip nospec_twin] \\
         [--shapes 5,8,32 3,1,4] \\
         [--batches 1 4 8 16 32 64] [--simulate-acc-len 3.5 | --acceptance-profile llama31-8b-eagle3 | --real-pair]
@@ -102,10 +103,11 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton": ("EAGLE_TRITON", None),
     "eagle3_adaptive": ("EAGLE3", "sglang"),
     "eagle_triton_adaptive": ("EAGLE_TRITON", "sglang"),
-    # the cost-aware policy (docs/adaptive.md); its steps 0 a plain decode step where it can run (the default)
+    # the cost-aware policy (docs/adaptive.md); its steps 0 a plain decode step, held as SGLang's non-speculative
+    # decode, where it can run (the defaults)
     "eagle_triton_cost": ("EAGLE_TRITON", "cost"),
-    # the same with the plain step required (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1), and with SGLang's steps-0
-    # verify (=0), beside it in one call
+    # the same with the plain step required on the speculative path (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1
+    # SGLANG_EAGLE_TRITON_OFF_NONSPEC=0), and with SGLang's steps-0 verify (PLAIN_OFF=0), beside it in one call
     "eagle_triton_cost_plain": ("EAGLE_TRITON", "cost"),
     "eagle_triton_cost_sglang_off": ("EAGLE_TRITON", "cost"),
     "eagle_triton_cost_trees": ("EAGLE_TRITON", "cost-trees"),  # the same over tree candidates (topk TREE_TOPK)
@@ -114,12 +116,15 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     # SGLANG_EAGLE_TRITON_PLAIN_OFF=0): what "off" costs against no-spec's plain decode step where the host sets the
     # cycle (the trained pair), the speculative scheduling path around every step
     "eagle_triton_off": ("EAGLE_TRITON", "off"),
-    # the same with steps 0 as a plain decode step (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1; off_step.py)
+    # the same with steps 0 as a plain decode step on the speculative path (SYSTEM_ENV: SGLANG_EAGLE_TRITON_PLAIN_OFF=1
+    # SGLANG_EAGLE_TRITON_OFF_NONSPEC=0; off_step.py)
     "eagle_triton_off_plain": ("EAGLE_TRITON", "off"),
-    # the same held as SGLang's non-speculative decode (SYSTEM_ENV: SGLANG_EAGLE_TRITON_OFF_NONSPEC=1; off_route.py)
+    # the same held as SGLang's non-speculative decode (SYSTEM_ENV: SGLANG_EAGLE_TRITON_OFF_NONSPEC=1, the default
+    # wherever it can run; off_route.py)
     "eagle_triton_off_nonspec": ("EAGLE_TRITON", "off"),
-    # the cost policy with its held steps 0 so (SYSTEM_ENV)
+    # the cost policy with its held steps 0 so required (SYSTEM_ENV), and on the speculative path (=0)
     "eagle_triton_cost_nonspec": ("EAGLE_TRITON", "cost"),
+    "eagle_triton_cost_spec_path": ("EAGLE_TRITON", "cost"),
     # stock's steps 0 under the same config: SGLang's one-node verify and its full draft extend (a CUDA graph)
     "eagle3_off": ("EAGLE3", "off"),
     # the same without the draft extend (SYSTEM_ENV): SGLang's speculative path at steps 0 and nothing else, the floor
@@ -150,18 +155,20 @@ SYSTEMS = {  # name: (algorithm, adaptive policy or None)
     "eagle_triton_cost_sglang_extend": ("EAGLE_TRITON", "cost"),
 }
 SYSTEM_ENV = {"eagle3_off_skip": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},  # a system's own server env
-              "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_cost_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1", "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "0"},
               "eagle_triton_cost_sglang_off": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
               "eagle_triton_off_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"},
-              "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
-              "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1"},
+              "eagle_triton_off_plain": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1", "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "0"},
+              "eagle_triton_off_plain_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
+                                                "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "0"},
               "eagle_triton_off_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
                                            "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
               "eagle_triton_off_nonspec_before": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
                                                   "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
               "eagle_triton_cost_nonspec": {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "1",
                                             "SGLANG_EAGLE_TRITON_OFF_NONSPEC": "1"},
+              "eagle_triton_cost_spec_path": {"SGLANG_EAGLE_TRITON_OFF_NONSPEC": "0"},
               "eagle_triton_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_cost_lean": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "1"},
               "eagle_triton_sglang_draft": {"SGLANG_EAGLE_TRITON_LEAN_DRAFT": "0"},

@@ -89,8 +89,10 @@ PLAIN_OFF_ENV = "SGLANG_EAGLE_TRITON_PLAIN_OFF"
 PLAIN_OFF_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> plain_off_mode()
 # Adaptive steps 0, held, as SGLang's non-speculative decode (sgl_eagle_triton.off_route): while the policy holds
 # steps 0 the running batch is a non-speculative batch for the scheduler (its preparation, launch and result
-# processing), the plain step inside. "1": on (refused at start where it cannot run); unset or "0": off
+# processing), the plain step inside. Unset: wherever it can run (else the plain step on the speculative path, the
+# reason logged and reported); "1": required (refused at start where it cannot run); "0": off
 OFF_NONSPEC_ENV = "SGLANG_EAGLE_TRITON_OFF_NONSPEC"
+OFF_NONSPEC_MODES = {None: "auto", "1": "on", "0": "off"}  # the variable's value (None: unset) -> off_nonspec_mode()
 # The lean draft phase: the drafting states' draft phase as our fused drafter on the relayed draft input, without
 # SGLang's prepare_for_draft and draft graph runner (worker.TritonEagleDraftWorker.lean_draft). Unset: wherever it can
 # run (else SGLang's draft phase, the reason logged and reported); "1": required (refused at start where it cannot
@@ -552,8 +554,9 @@ def _validate(sa) -> None:
         _refuse(f"{PLAIN_OFF_ENV}=1 with --tp {sa.tp_size} (its sampler's agreement across ranks is untested)",
                 f"Use --tp 1, or unset {PLAIN_OFF_ENV}.")
     if os.environ.get(OFF_NONSPEC_ENV, "0") not in ("0", "1"):
-        _refuse(f"{OFF_NONSPEC_ENV}={os.environ[OFF_NONSPEC_ENV]!r}", "Give 1 (held steps 0 as SGLang's "
-                "non-speculative decode) or 0, or unset it.")
+        _refuse(f"{OFF_NONSPEC_ENV}={os.environ[OFF_NONSPEC_ENV]!r}", "Give 1 (held steps 0 must run as SGLang's "
+                "non-speculative decode) or 0 (the plain step on the speculative path), or unset it (wherever it can "
+                "run).")
     if off_nonspec() and (why := off_nonspec_unserved(sa)) is not None:
         _refuse(f"{OFF_NONSPEC_ENV}=1 with {why[0]}", f"{why[1]}, or unset {OFF_NONSPEC_ENV}.")
     if os.environ.get(LEAN_DRAFT_ENV, "0") not in ("0", "1"):
@@ -629,16 +632,26 @@ def plain_off() -> bool:
     return plain_off_mode() == "on"
 
 
+def off_nonspec_mode() -> str:
+    """:data:`OFF_NONSPEC_ENV` as ``"auto"`` (unset: held steps 0 as SGLang's non-speculative decode wherever it can
+    run), ``"on"`` (``1``: required) or ``"off"`` (``0``: the plain step on the speculative path); values the start-up
+    refused read as ``"off"``."""
+    return OFF_NONSPEC_MODES.get(os.environ.get(OFF_NONSPEC_ENV), "off")
+
+
 def off_nonspec() -> bool:
-    """Whether :data:`OFF_NONSPEC_ENV` asks for held steps 0 as SGLang's non-speculative decode (``1``)."""
-    return os.environ.get(OFF_NONSPEC_ENV) == "1"
+    """Whether :data:`OFF_NONSPEC_ENV` requires held steps 0 as SGLang's non-speculative decode (``1``)."""
+    return off_nonspec_mode() == "on"
 
 
 def off_nonspec_unserved(sa) -> tuple[str, str] | None:
     """Why held steps 0 cannot run as SGLang's non-speculative decode with server args ``sa`` (what, what to change),
     None if it can (the worker checks SGLang's touchpoints at start)."""
-    if not plain_off():
-        return f"{PLAIN_OFF_ENV} not 1 (the non-speculative step is the plain step)", f"Set {PLAIN_OFF_ENV}=1"
+    if plain_off_mode() == "off":
+        return f"{PLAIN_OFF_ENV}=0 (the non-speculative step is the plain step)", f"Unset {PLAIN_OFF_ENV}"
+    if sa.tp_size > 1 or getattr(sa, "dp_size", 1) > 1:
+        return (f"--tp {sa.tp_size} --dp {getattr(sa, 'dp_size', 1)} (the route is tested on one GPU)",
+                "Serve one GPU")
     if getattr(sa, "disable_overlap_schedule", False):
         return ("--disable-overlap-schedule (the route is written for the overlap scheduler's relay)",
                 "Remove --disable-overlap-schedule")

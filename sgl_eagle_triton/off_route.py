@@ -1,5 +1,5 @@
-"""Adaptive steps 0 held as SGLang's non-speculative decode (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1``,
-config.OFF_NONSPEC_ENV): the worker's side, the mixin :class:`NonspecRoute` of
+"""Adaptive steps 0 held as SGLang's non-speculative decode (the default where it can run; config.OFF_NONSPEC_ENV):
+the worker's side, the mixin :class:`NonspecRoute` of
 :class:`sgl_eagle_triton.worker.EagleTritonWorkerV2`.
 
 Where the policy holds steps 0, the running batch turns non-speculative for the scheduler (SGLang's own decode
@@ -41,6 +41,7 @@ class NonspecRoute:
     ``_run_plain_step``)."""
 
     nonspec_on = False  # the route runs (start_nonspec)
+    nonspec_declined: str | None = None  # why held steps 0 stays on the speculative path (start_nonspec)
     _decided_at_prep = False  # this decode step's state was put in force at its preparation
     _plain_inflight = None  # the requests (list) of the plain step launched last on the speculative path, if the
     # worker launched nothing since
@@ -50,24 +51,47 @@ class NonspecRoute:
     _lengths_before = None  # ((seq_lens, seq_lens_cpu) before, seq_lens after) of the last non-speculative preparation
 
     def start_nonspec(self) -> None:
-        """The route, where ``config.OFF_NONSPEC_ENV=1`` asks for it; refused (RuntimeError naming what to change)
-        where it cannot run: the plain step declined, or this SGLang's touchpoints (``nonspec.problems``)."""
-        if not config.off_nonspec():
-            return
+        """The route wherever it can run, unless ``config.OFF_NONSPEC_ENV=0``: not where the plain steps 0 does not
+        run, nor for the server's arguments (``config.off_nonspec_unserved``: several GPUs, no overlap scheduler, pages
+        over 1 token), nor where this SGLang's touchpoints moved (``nonspec.problems``), nor (unless required) where it
+        has not yet run end to end (:meth:`_nonspec_untested`). There, held steps 0 stays on the speculative path, the
+        reason logged and kept in :attr:`nonspec_declined` (the kernel report); under ``config.OFF_NONSPEC_ENV=1`` the
+        server is refused instead (RuntimeError naming what to change), or warned where it is untested."""
+        mode = config.off_nonspec_mode()
+        if mode == "off" or (self.plain_off is None and mode == "auto"):
+            return  # "auto" without a plain steps 0 to hold (none a candidate, or declined and reported): nothing to do
         why = None
         if self.plain_off is None:
             why = f"the plain steps 0 does not run ({self.plain_off_declined or 'declined'})"
+        elif (unserved := config.off_nonspec_unserved(self.server_args)) is not None:
+            why = unserved[0]
         elif getattr(settings(self.server_args), "disable_overlap_schedule", False):  # (SGLang may turn it off
             why = "the overlap scheduler is off"  # after the argument check)
         elif problems := nonspec.problems():
             why = "; ".join(problems)
-        if why is not None:
-            raise RuntimeError(f"{ALGORITHM_NAME}: {config.OFF_NONSPEC_ENV}=1 cannot run here: {why}. Unset "
-                               f"{config.OFF_NONSPEC_ENV}.")
+        elif (untested := self._nonspec_untested()) and mode == "auto":
+            why = f"not yet run end to end with {untested} ({config.OFF_NONSPEC_ENV}=1 runs it)"
+        elif untested:
+            logger.warning("%s: %s=1 with %s: not yet run end to end", ALGORITHM_NAME, config.OFF_NONSPEC_ENV,
+                           untested)
+        if why is not None:  # (logged at info: the speculative path serves the same tokens, slower where the host
+            # sets the cycle)
+            self._decline(config.OFF_NONSPEC_ENV, mode, "nonspec_declined", "held steps 0 runs the plain step on the "
+                          "speculative path, not as SGLang's non-speculative decode", why, expected=True)
+            return
         self.nonspec_on = True
         nonspec.install(self)
-        logger.info("%s: adaptive steps 0, held, runs as SGLang's non-speculative decode (%s=1)", ALGORITHM_NAME,
-                    config.OFF_NONSPEC_ENV)
+        logger.info("%s: adaptive steps 0, held, runs as SGLang's non-speculative decode (%s)", ALGORITHM_NAME,
+                    f"{config.OFF_NONSPEC_ENV}=1" if mode == "on" else "the default")
+
+    def _nonspec_untested(self) -> str | None:
+        """What of this server the route has not yet served on a GPU (a default leaves it out, ``=1`` runs it): tree
+        candidates (topk > 1: the turn back's stubs and the resume are the trees'), an EAGLE-1 draft (its hidden
+        state stubs); None where it has."""
+        untested = [what for what, found in (("tree candidates (topk > 1)", self.topk > 1),
+                                             ("an EAGLE-1 draft", config.current_draft_kind() != config.EAGLE3))
+                    if found]
+        return " and ".join(untested) or None
 
     def prepare_decode(self, prepare, batch):
         """SGLang's ``ScheduleBatch.prepare_for_decode`` of ``batch`` (``prepare``), after this step's state is put in

@@ -1039,6 +1039,9 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
                                   f"{self.plain_off_declined})")
         if self.nonspec_on:
             kernels["steps 0 held"] = "SGLang's non-speculative decode around the plain step (the batch turned)"
+        elif self.nonspec_declined is not None:
+            kernels["steps 0 held"] = (f"the plain step on the speculative path (route declined: "
+                                       f"{self.nonspec_declined})")
         if self.verify_epilogue is not None and self.verify_epilogue.enabled:
             kernels["greedy verify"] = (f"inside the target's verify graphs for chains of "
                                         f"{sorted(self.verify_epilogue.enabled)} draft tokens")

@@ -351,12 +351,17 @@ def test_the_before_system_serves_another_trees_package(tmp_path):
     with pytest.raises(SystemExit):
         adaptive.parse_args(["--systems", "nospec", "eagle_triton_off_plain_before", "--real-pair"])
     assert not set(adaptive.BEFORE_SYSTEMS) & set(adaptive.parse_args([]).systems)
-    # the cost policy with plain steps 0 required / with SGLang's steps-0 verify: the cost policy's server, the
-    # variable set; steps 0 for good with SGLang's verify (the default is the plain step)
-    for system, value in (("eagle_triton_cost_plain", "1"), ("eagle_triton_cost_sglang_off", "0")):
+    # the cost policy with plain steps 0 required on the speculative path / with SGLang's steps-0 verify / with its
+    # held steps 0 required as no-spec decode or kept on the speculative path: the cost policy's server, the variables
+    # set; steps 0 for good with SGLang's verify (the default is the plain step, held as no-spec decode)
+    plain, route = "SGLANG_EAGLE_TRITON_PLAIN_OFF", "SGLANG_EAGLE_TRITON_OFF_NONSPEC"
+    for system, env in (("eagle_triton_cost_plain", {plain: "1", route: "0"}),
+                        ("eagle_triton_cost_sglang_off", {plain: "0"}),
+                        ("eagle_triton_cost_nonspec", {plain: "1", route: "1"}),
+                        ("eagle_triton_cost_spec_path", {route: "0"})):
         assert adaptive.spec_args(system, draft, None, tmp_path) == adaptive.spec_args(
             "eagle_triton_cost", draft, None, tmp_path)
-        assert adaptive.SYSTEM_ENV[system] == {"SGLANG_EAGLE_TRITON_PLAIN_OFF": value}
+        assert adaptive.SYSTEM_ENV[system] == env
     assert adaptive.SYSTEM_ENV["eagle_triton_off"] == {"SGLANG_EAGLE_TRITON_PLAIN_OFF": "0"}
     assert adaptive.SYSTEM_ENV["eagle_triton_cost_plain"] == adaptive.SYSTEM_ENV["eagle_triton_off_plain"]
     assert "eagle_triton_cost" not in adaptive.SYSTEM_ENV

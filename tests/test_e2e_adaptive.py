@@ -160,7 +160,9 @@ def _parted(outputs: list[list[int]], nospec: list[list[int]]) -> list[int]:
 
 
 def test_plain_off_samples_as_no_spec(tmp_path):
-    """Steps 0 for good, sampled: the plain decode step samples with SGLang's no-spec sampler at no-spec's positions,
+    """Steps 0 for good, sampled, on the speculative path (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=0``; the held batch's
+    route: :func:`test_held_steps_0_as_a_non_speculative_batch_is_lossless`): the plain decode step samples with
+    SGLang's no-spec sampler at no-spec's positions,
     so seeded outputs equal no-spec's token for token, one by one and all at once (batch-invariant kernels under
     deterministic inference). Control: the same server with ``SGLANG_EAGLE_TRITON_PLAIN_OFF=0`` (SGLang's one-node
     verify, whose bonus token our tree sampling draws with its own coins) parts from no-spec on most requests, so the
@@ -172,7 +174,8 @@ def test_plain_off_samples_as_no_spec(tmp_path):
     off_flags = [*spec, "--speculative-adaptive-config", str(off), "--speculative-num-steps", "1"]
     servers = {
         "nospec": e2e_server("sampled-nospec", TARGET, [], tmp_path),
-        "ours_off": e2e_server("sampled-EAGLE_TRITON-off", TARGET, off_flags, tmp_path),
+        "ours_off": e2e_server("sampled-EAGLE_TRITON-off", TARGET, off_flags, tmp_path,
+                               env={config.OFF_NONSPEC_ENV: "0"}),  # the plain step on the speculative path
         "ours_off_sglang": e2e_server("sampled-EAGLE_TRITON-off-sglang-verify", TARGET, off_flags, tmp_path,
                                       env={config.PLAIN_OFF_ENV: "0"}),
         "ours_cycle": e2e_server("sampled-EAGLE_TRITON-cycle", TARGET, spec, tmp_path,
@@ -322,7 +325,7 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
 
 
 # Batches of one request at steps 0, larger ones drafting at 1: one by one the batch is held at steps 0 (turned
-# non-speculative under OFF_NONSPEC_ENV), all at once it drafts, and it turns back and forth as requests join and
+# non-speculative: off_route), all at once it drafts, and it turns back and forth as requests join and
 # finish
 ONE_OFF_MORE_DRAFT = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [1]}}
 
@@ -345,27 +348,11 @@ def _serve_staggered(server, with_logprobs: bool) -> dict:
     return {**result, **_serve_sampled(server, with_logprobs)}
 
 
-def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
-    """``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` (sgl_eagle_triton/off_route.py): the batch held at steps 0 is a
-    non-speculative batch for the scheduler. Steps 0 for good, batches of one at steps 0 and larger ones drafting
-    (staggered arrivals turn the batch at every change of size: a request merged into a non-speculative batch, the
-    batch back to drafting, and back), and the cost policy: greedy outputs tie-aware equal to no-spec's, and seeded
-    sampled ones token for token no-spec's (steps 0 for good: the plain step samples as no-spec)."""
-    off, bracket = tmp_path / "off.json", tmp_path / "bracket.json"
-    off.write_text(json.dumps(OFF_FOR_GOOD))
-    bracket.write_text(json.dumps(ONE_OFF_MORE_DRAFT))
-    spec = ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
-    env = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}
-    servers = {
-        "nospec": e2e_server("nonspec-nospec", TARGET, [], tmp_path),
-        "ours_off": e2e_server("nonspec-EAGLE_TRITON-off", TARGET, [
-            *spec, "--speculative-adaptive-config", str(off), "--speculative-num-steps", "1"], tmp_path, env=env),
-        "ours_bracket": e2e_server("nonspec-EAGLE_TRITON-bracket", TARGET, [
-            *spec, "--speculative-adaptive-config", str(bracket), "--speculative-num-steps", "1"], tmp_path, env=env),
-        "ours_cost": e2e_server("nonspec-EAGLE_TRITON-cost", TARGET, [
-            *spec, "--speculative-adaptive-config", str(_cost_config(tmp_path))], tmp_path, env=env),
-    }
-    ours = ("ours_off", "ours_bracket", "ours_cost")
+def _serve_held(servers: dict, ours: tuple, report_name: str) -> tuple[dict, dict]:
+    """Serves ``servers`` (with ``"nospec"``) at once with :func:`_serve_staggered` and writes the summary as
+    ``report_name``. Asserts for each of ``ours``: greedy tie-aware equal to no speculation, no kernel error, every
+    sampled request served whole. Returns the summary (accept length, verdicts, where each sampled output first
+    parted from no-spec's) and the servers' kernel reports."""
     results, infos = serve_concurrently(servers, _serve_staggered, ours)
     reports = {key: info["eagle_triton"] for key, info in infos.items()}
     summary = {key: {"accept_length": results[key]["accept_length"],
@@ -373,11 +360,36 @@ def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
                      "sampled_parted": {p: _parted(results[key][p], results["nospec"][p])
                                         for p in ("one_by_one", "concurrent")}} for key in ours}
     summary["reports"] = reports
-    _report(summary, "adaptive-nonspec.json")
+    _report(summary, report_name)
     for key in ours:
         assert summary[key]["vs_nospec"]["bugs"] == [], (key, summary[key]["vs_nospec"])
         assert reports[key]["errors"] == [], (key, reports[key])
         assert all(len(ids) == SAMPLED_TOKENS for p in ("one_by_one", "concurrent") for ids in results[key][p]), key
+    return summary, reports
+
+
+def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
+    """The batch held at steps 0 is a non-speculative batch for the scheduler (sgl_eagle_triton/off_route.py; the
+    default, required under ``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1``). Steps 0 for good (required), batches of one at
+    steps 0 and larger ones drafting (staggered arrivals turn the batch at every change of size: a request merged into
+    a non-speculative batch, the batch back to drafting, and back), and the cost policy (both by default): greedy
+    outputs tie-aware equal to no-spec's, and seeded sampled ones token for token no-spec's (steps 0 for good: the
+    plain step samples as no-spec)."""
+    off, bracket = tmp_path / "off.json", tmp_path / "bracket.json"
+    off.write_text(json.dumps(OFF_FOR_GOOD))
+    bracket.write_text(json.dumps(ONE_OFF_MORE_DRAFT))
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", *ADAPTIVE]
+    servers = {
+        "nospec": e2e_server("nonspec-nospec", TARGET, [], tmp_path),
+        "ours_off": e2e_server("nonspec-EAGLE_TRITON-off", TARGET, [
+            *spec, "--speculative-adaptive-config", str(off), "--speculative-num-steps", "1"], tmp_path,
+            env={config.OFF_NONSPEC_ENV: "1"}),
+        "ours_bracket": e2e_server("nonspec-EAGLE_TRITON-bracket", TARGET, [
+            *spec, "--speculative-adaptive-config", str(bracket), "--speculative-num-steps", "1"], tmp_path),
+        "ours_cost": e2e_server("nonspec-EAGLE_TRITON-cost", TARGET, [
+            *spec, "--speculative-adaptive-config", str(_cost_config(tmp_path))], tmp_path),
+    }
+    summary, reports = _serve_held(servers, ("ours_off", "ours_bracket", "ours_cost"), "adaptive-nonspec.json")
     assert summary["ours_off"]["sampled_parted"] == {"one_by_one": [], "concurrent": []}, summary["ours_off"]
     ran = reports["ours_off"]["ran"]
     # all but each batch's first decode step (a plain step on the speculative path) non-speculative
@@ -390,3 +402,56 @@ def test_held_steps_0_as_a_non_speculative_batch_is_lossless(tmp_path):
     # measured (H200): the cost policy's batch turned 19 times and back 14; 12 and 11 in a second run
     ran = reports["ours_cost"]["ran"]
     assert ran.get(NONSPEC_ENTERED, 0) >= 3 and ran.get(NONSPEC_LEFT, 0) >= 3, ran
+
+
+# a bracket of steps 0 at batch 1 and a tree of TREE_TOPK above: the batch turns back to a tree
+ONE_OFF_MORE_TREE = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [3]},
+                     config.ADAPTIVE_DRAFT_TOKENS_KEY: {"3": TREE_DRAFT_TOKENS[3]}}
+
+
+def _turned_both_ways(report: dict) -> None:
+    """The server's batch turned non-speculative and back (floors: the chain bracket's measured 68-71 turns, 1-4 back
+    at batch 1 under staggered arrivals, H200), each held step counted."""
+    ran = report["ran"]
+    assert ran.get(NONSPEC_ENTERED, 0) >= 30 and ran.get(NONSPEC_LEFT, 0) >= 1 and ran.get(NONSPEC_STEP, 0), ran
+
+
+def test_held_steps_0_over_tree_candidates_is_lossless(tmp_path):
+    """The route over tree candidates, which its default leaves out until a GPU has run this test
+    (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` runs it there): a bracket of steps 0 at batch 1 and a (3, TREE_TOPK, 8) tree
+    above (the turn back's stubs and the resume are a tree's), and the cost policy over chains among trees. Greedy
+    tie-aware equal to no-spec's on both; the bracket's batch turned both ways."""
+    bracket = tmp_path / "tree-bracket.json"
+    bracket.write_text(json.dumps(ONE_OFF_MORE_TREE))
+    spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
+    env = {config.OFF_NONSPEC_ENV: "1"}
+    servers = {
+        "nospec": e2e_server("nonspec-trees-nospec", TARGET, [], tmp_path),
+        "ours_bracket": e2e_server("nonspec-trees-EAGLE_TRITON-bracket", TARGET, [
+            *spec, "--speculative-adaptive", "--speculative-adaptive-config", str(bracket), "--speculative-eagle-topk",
+            str(TREE_TOPK), "--speculative-num-steps", "3"], tmp_path, env=env),
+        "ours_cost": e2e_server("nonspec-mixed-EAGLE_TRITON-cost", TARGET, [
+            *spec, *adaptive_tree_flags(tmp_path, policy="cost", draft_tokens=MIXED_DRAFT_TOKENS)], tmp_path, env=env),
+    }
+    _, reports = _serve_held(servers, ("ours_bracket", "ours_cost"), "adaptive-nonspec-trees.json")
+    _turned_both_ways(reports["ours_bracket"])
+    assert reports["ours_bracket"]["adaptive_trees"]["3"] == [3, TREE_TOPK, TREE_DRAFT_TOKENS[3]], reports
+    assert reports["ours_cost"]["kernels"]["steps 0 held"].startswith("SGLang's non-speculative decode"), reports
+
+
+def test_held_steps_0_with_an_eagle1_draft_is_lossless(tmp_path):
+    """The route with an EAGLE-1 draft (the random pair: no hidden-state stub of EAGLE-3's width), which its default
+    leaves out until a GPU has run this test (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` runs it there), under the chain
+    bracket of steps 0 at batch 1. Greedy tie-aware equal to no-spec's; the batch turned both ways."""
+    target, draft = (str(path) for path in write_random_eagle1_pair(tmp_path / "pair"))
+    bracket = tmp_path / "bracket.json"
+    bracket.write_text(json.dumps(ONE_OFF_MORE_DRAFT))
+    servers = {
+        "nospec": e2e_server("nonspec-eagle1-nospec", target, [], tmp_path),
+        "ours_bracket": e2e_server("nonspec-eagle1-EAGLE_TRITON-bracket", target, [
+            "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
+            "--speculative-adaptive", "--speculative-adaptive-config", str(bracket), "--speculative-num-steps", "1"],
+            tmp_path, env={config.OFF_NONSPEC_ENV: "1"}),
+    }
+    _, reports = _serve_held(servers, ("ours_bracket",), "adaptive-nonspec-eagle1.json")
+    _turned_both_ways(reports["ours_bracket"])

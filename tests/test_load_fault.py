@@ -159,7 +159,7 @@ def test_load_and_faults(tmp_path, mode):
     count changes before every decode step, through 0 = no draft), so that switches meet aborts and disconnects;
     ``adaptive_trees_cycle``: the same over tree candidates (topk > 1, tests/e2e.py); ``adaptive_mixed_cycle``: over
     chains among trees (MIXED_DRAFT_TOKENS); ``tp2``: SPEC_TREE at ``--tp 2`` (two GPUs); ``adaptive_nonspec``: held
-    steps 0 as SGLang's non-speculative decode (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1``) under
+    steps 0 as SGLang's non-speculative decode (the default) under
     :data:`NONSPEC_BRACKETS`."""
     parallel, env = tensor_parallel(2 if mode == "tp2" else 1)
     target, draft = str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "eagle3")
@@ -177,7 +177,7 @@ def test_load_and_faults(tmp_path, mode):
         brackets.write_text(json.dumps(NONSPEC_BRACKETS))
         shape = ["--speculative-adaptive", "--speculative-adaptive-config", str(brackets), "--speculative-num-steps",
                  "1"]
-        env, reserved = {config.PLAIN_OFF_ENV: "1", config.OFF_NONSPEC_ENV: "1"}, NONSPEC_RESERVED
+        env, reserved = {}, NONSPEC_RESERVED  # (the route is the default: its server reports that it ran)
     elif mode == "adaptive_mixed_cycle":  # the widest candidate's reservation is the trees' (5 steps x TREE_TOPK)
         shape = adaptive_tree_flags(tmp_path, draft_tokens=MIXED_DRAFT_TOKENS)
         env, reserved = {config.ADAPTIVE_CYCLE_ENV: "1"}, TREE_RESERVED

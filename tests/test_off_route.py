@@ -510,15 +510,50 @@ def test_the_ab_arm_without_the_route_keeps_plain_steps_on_the_speculative_path(
     assert turned == [("leave", EAGLE, ("p", "i", "h"))] and arms == [True, True]
 
 
-def test_the_route_is_refused_where_the_plain_step_does_not_run(monkeypatch):
+def test_the_route_is_refused_under_1_and_declined_unset_where_it_cannot_run(monkeypatch):
+    """Unset, the route runs wherever it can: without a plain steps 0 nothing happens (that is reported already), and
+    where SGLang's touchpoints moved or it has not yet run end to end it is declined (kept for the kernel report);
+    under OFF_NONSPEC=1 the first two refuse the server, naming the variable, and it runs untested; under 0 nothing
+    runs."""
+    installed = []
+    monkeypatch.setattr(nonspec, "install", installed.append)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
-    w.plain_off, w.plain_off_declined = None, "steps 0 is not an adaptive candidate"
+    w.server_args = SimpleNamespace(tp_size=1, dp_size=1, page_size=1, disable_overlap_schedule=False)
+    w.plain_off, w.plain_off_declined, w.topk = None, "steps 0 is not an adaptive candidate", 1
+    monkeypatch.setattr(config, "current_draft_kind", lambda: config.EAGLE3)
     with pytest.raises(RuntimeError, match=config.OFF_NONSPEC_ENV):
         w.start_nonspec()
     monkeypatch.delenv(config.OFF_NONSPEC_ENV)
     w.start_nonspec()
-    assert not w.nonspec_on
+    assert not w.nonspec_on and w.nonspec_declined is None
+    w.plain_off = object()
+    monkeypatch.setattr(nonspec, "problems", lambda: ["SGLang 0.5.23 (read and run on 0.5.17 only)"])
+    w.start_nonspec()
+    assert not w.nonspec_on and "0.5.23" in w.nonspec_declined and not installed
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
+    with pytest.raises(RuntimeError, match="0.5.23"):
+        w.start_nonspec()
+    monkeypatch.setattr(nonspec, "problems", lambda: [])
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
+    w.start_nonspec()
+    assert not w.nonspec_on and not installed
+    # unset, not where it has not yet run end to end: tree candidates, an EAGLE-1 draft; under 1 it runs there
+    monkeypatch.delenv(config.OFF_NONSPEC_ENV)
+    for topk, kind, untested in ((4, config.EAGLE3, "tree candidates"), (1, config.EAGLE, "an EAGLE-1 draft")):
+        w.topk, w.nonspec_declined = topk, None
+        monkeypatch.setattr(config, "current_draft_kind", lambda kind=kind: kind)
+        w.start_nonspec()
+        assert not w.nonspec_on and untested in w.nonspec_declined and not installed, w.nonspec_declined
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
+    w.start_nonspec()
+    assert w.nonspec_on and installed == [w]
+    w.nonspec_on, w.topk, w.nonspec_declined = False, 1, None
+    installed.clear()
+    monkeypatch.setattr(config, "current_draft_kind", lambda: config.EAGLE3)
+    monkeypatch.delenv(config.OFF_NONSPEC_ENV)
+    w.start_nonspec()
+    assert w.nonspec_on and installed == [w] and w.nonspec_declined is None
 
 
 def test_the_ab_arms_alternate_the_route(monkeypatch):

@@ -746,16 +746,22 @@ def test_the_plain_off_step_is_asked_for_with_1_under_adaptive_on_one_gpu(monkey
         config._validate(Overlay(args.record, tp_size=2))
 
 
-def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_plain_step(monkeypatch):
-    """SGLANG_EAGLE_TRITON_OFF_NONSPEC: 0 or 1; 1 only with the plain step required (PLAIN_OFF=1), the overlap
-    scheduler, page size 1 and no hierarchical sparse attention; its A/B only under 1. Each refusal names what to
-    change (the worker checks SGLang's touchpoints at start)."""
+def test_held_steps_0_as_a_non_speculative_batch_is_the_default_and_required_with_1(monkeypatch):
+    """SGLANG_EAGLE_TRITON_OFF_NONSPEC: unset (wherever it can run: the worker declines it elsewhere,
+    config.off_nonspec_unserved naming why), 0 or 1; 1 refused with the plain step off (PLAIN_OFF=0), several GPUs,
+    without the overlap scheduler, at page size > 1 and with hierarchical sparse attention; its A/B only under 1.
+    Each refusal names what to change (the worker checks SGLang's touchpoints at start)."""
     adaptive = ("--speculative-adaptive",)
+    assert config.off_nonspec_mode() == "auto"
+    _args(*adaptive, "--disable-overlap-schedule")  # unset: served elsewhere, the worker declines it (logged)
+    assert config.off_nonspec_unserved(_args(*adaptive, "--page-size", "16").record)[1] == "Use --page-size 1"
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "yes")
     with pytest.raises(EagleTritonConfigError, match="SGLANG_EAGLE_TRITON_OFF_NONSPEC='yes'.*Give 1"):
         _args(*adaptive)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
-    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with SGLANG_EAGLE_TRITON_PLAIN_OFF not 1.*Set"):
+    _args(*adaptive)
+    monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with SGLANG_EAGLE_TRITON_PLAIN_OFF=0.*Unset"):
         _args(*adaptive)
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "1")
     _args(*adaptive)
@@ -765,9 +771,17 @@ def test_held_steps_0_as_a_non_speculative_batch_is_asked_for_with_1_beside_the_
         _args(*adaptive, "--page-size", "16")
     with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --enable-hisparse.*Remove --enable-hisparse"):
         config._validate(Overlay(_args(*adaptive).record, enable_hisparse=True))
+    monkeypatch.delenv(config.PLAIN_OFF_ENV)
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --tp 2 --dp 1.*Serve one GPU"):
+        config._validate(Overlay(_args(*adaptive).record, tp_size=2))
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with --tp 1 --dp 2.*Serve one GPU"):
+        config._validate(Overlay(_args(*adaptive).record, dp_size=2))
     _ab_of(monkeypatch, "off_nonspec")
     _args(*adaptive)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
+    with pytest.raises(EagleTritonConfigError, match="AB_STEPS for off_nonspec without .*OFF_NONSPEC=1.*Set"):
+        _args(*adaptive)
+    monkeypatch.delenv(config.OFF_NONSPEC_ENV)
     with pytest.raises(EagleTritonConfigError, match="AB_STEPS for off_nonspec without .*OFF_NONSPEC=1.*Set"):
         _args(*adaptive)
 

@@ -12,7 +12,8 @@
 - :mod:`~sgl_eagle_triton.glue.relay`: the overlap scheduler's relay (SGLang's ``FutureMap``, subclassed) carrying the
   bonus token alone after a step that only filled the draft KV;
 - :mod:`~sgl_eagle_triton.glue.nonspec`: a batch held at adaptive steps 0 turned non-speculative for SGLang's scheduler
-  and back (its lengths and KV reservation; SGLang's decode preparation and result processing wrapped), opt-in.
+  and back (its lengths and KV reservation; SGLang's decode preparation and result processing wrapped), the default
+  where it can run.
 
 Version differences are adapters chosen once, by probing the installed SGLang (a signature, an attribute), never
 ``if version`` checks in the worker, config or verify modules. docs/design.md holds the table of every touchpoint.
