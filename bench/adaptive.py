@@ -405,8 +405,8 @@ def report(rows: list[dict]) -> str:
 # the targets (docs/off-step-design.md): (title, system, what it is measured against, floor)
 TARGETS = (("cost / no-spec", "eagle_triton_cost", "nospec", 1.0),
            ("cost / best static", "eagle_triton_cost", "static", 0.97),
-           ("steps 0 / no-spec", "eagle_triton_off_plain", "nospec", 0.97),
-           ("steps 0 held as no-spec decode / no-spec", "eagle_triton_off_nonspec", "nospec", 0.97))
+           ("steps 0 on the speculative path / no-spec", "eagle_triton_off_plain", "nospec", 0.97),
+           ("steps 0 held as no-spec decode (the default) / no-spec", "eagle_triton_off_nonspec", "nospec", 0.97))
 
 
 def targets_table(by_batch: dict) -> str:

@@ -587,8 +587,8 @@ def test_the_report_states_the_issues_targets_run_by_run():
     assert cells[2].startswith("0.91 (") and cells[2].endswith("unresolved")  # against (3,1,4), the faster static
     assert cells[3].startswith("0.80 (") and cells[3].endswith("below")
     assert cells[4].startswith("0.99 (") and cells[4].endswith("met")  # held as no-spec decode
-    assert "steps 0 / no-spec (floor 0.97)" in table
-    assert "steps 0 held as no-spec decode / no-spec (floor 0.97)" in table
+    assert "steps 0 on the speculative path / no-spec (floor 0.97)" in table
+    assert "steps 0 held as no-spec decode (the default) / no-spec (floor 0.97)" in table
     assert "The issue's targets" not in adaptive.report([r for r in rows if r["system"] in ("nospec", "eagle_triton")])
     other = [dict(r, session="b") if r["system"] == "eagle_triton_cost" else r for r in rows]
     assert "| 1 | - | - | 0.80" in adaptive.report(other)  # the cost rows of another sweep pair with nothing
