@@ -698,7 +698,7 @@ def policy_state(server) -> dict | None:
     """Row key ``policy`` of an EAGLE_TRITON adaptive server after a batch, from its ``/server_info``: the decode steps
     run at each step count since start (``steps_in_force``), how its steps 0 ran (``steps_0``: plain steps, those
     whose token and fill came from the target graph, resumes, and the plain steps held as a non-speculative batch
-    (``held``, under SGLANG_EAGLE_TRITON_OFF_NONSPEC=1); all since start) and, under the cost policy, its
+    (``held``, where that route runs: the default); all since start) and, under the cost policy, its
     switches, depth rates and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose, how its choice
     ran, and the prices it chose by. None for other servers."""
     from sgl_eagle_triton.off_route import NONSPEC_STEP

@@ -536,6 +536,10 @@ def _validate(sa) -> None:
     if ab_steps() and ab_feature() == "plain_direct" and not plain_off():
         _refuse(f"{AB_STEPS_ENV} for plain_direct without {PLAIN_OFF_ENV}=1 (the arms alternate the plain step's "
                 "entry)", f"Set {PLAIN_OFF_ENV}=1 too, or unset {AB_STEPS_ENV}.")
+    if ab_steps() and ab_feature() == "plain_direct" and off_nonspec_mode() != "off":
+        _refuse(f"{AB_STEPS_ENV} for plain_direct without {OFF_NONSPEC_ENV}=0 (held plain steps would run as "
+                "SGLang's non-speculative decode, in neither arm)", f"Set {OFF_NONSPEC_ENV}=0 too, or unset "
+                f"{AB_STEPS_ENV}.")
     if cycle_profile_top() and not cycle_timing_every():
         _refuse(f"{CYCLE_PROFILE_ENV} without {CYCLE_TIMING_ENV} (the profile is logged with its summaries)",
                 f"Set {CYCLE_TIMING_ENV}=<decode steps> too, or unset {CYCLE_PROFILE_ENV}.")
@@ -647,6 +651,10 @@ def off_nonspec() -> bool:
 def off_nonspec_unserved(sa) -> tuple[str, str] | None:
     """Why held steps 0 cannot run as SGLang's non-speculative decode with server args ``sa`` (what, what to change),
     None if it can (the worker checks SGLang's touchpoints at start)."""
+    sa = glue_args.settings(sa)
+    if not sa.speculative_adaptive:
+        return ("no --speculative-adaptive (the route holds adaptive steps 0)",
+                "Add --speculative-adaptive with 0 among the candidate steps")
     if plain_off_mode() == "off":
         return f"{PLAIN_OFF_ENV}=0 (the non-speculative step is the plain step)", f"Unset {PLAIN_OFF_ENV}"
     if sa.tp_size > 1 or getattr(sa, "dp_size", 1) > 1:

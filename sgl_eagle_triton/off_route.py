@@ -60,24 +60,24 @@ class NonspecRoute:
         mode = config.off_nonspec_mode()
         if mode == "off" or (self.plain_off is None and mode == "auto"):
             return  # "auto" without a plain steps 0 to hold (none a candidate, or declined and reported): nothing to do
-        why = None
+        why, expected = None, True
         if self.plain_off is None:
-            why = f"the plain steps 0 does not run ({self.plain_off_declined or 'declined'})"
+            declined = self.plain_off_declined or "steps 0 is not an adaptive candidate"
+            why = f"the plain steps 0 does not run ({declined})"
         elif (unserved := config.off_nonspec_unserved(self.server_args)) is not None:
             why = unserved[0]
         elif getattr(settings(self.server_args), "disable_overlap_schedule", False):  # (SGLang may turn it off
             why = "the overlap scheduler is off"  # after the argument check)
         elif problems := nonspec.problems():
-            why = "; ".join(problems)
+            why, expected = "; ".join(problems), False
         elif (untested := self._nonspec_untested()) and mode == "auto":
             why = f"not yet run end to end with {untested} ({config.OFF_NONSPEC_ENV}=1 runs it)"
         elif untested:
             logger.warning("%s: %s=1 with %s: not yet run end to end", ALGORITHM_NAME, config.OFF_NONSPEC_ENV,
                            untested)
-        if why is not None:  # (logged at info: the speculative path serves the same tokens, slower where the host
-            # sets the cycle)
+        if why is not None:  # (a warning where SGLang's touchpoints moved, else at info: the server's arguments)
             self._decline(config.OFF_NONSPEC_ENV, mode, "nonspec_declined", "held steps 0 runs the plain step on the "
-                          "speculative path, not as SGLang's non-speculative decode", why, expected=True)
+                          "speculative path, not as SGLang's non-speculative decode", why, expected)
             return
         self.nonspec_on = True
         nonspec.install(self)

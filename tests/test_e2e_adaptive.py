@@ -437,6 +437,7 @@ def test_held_steps_0_over_tree_candidates_is_lossless(tmp_path):
     _turned_both_ways(reports["ours_bracket"])
     assert reports["ours_bracket"]["adaptive_trees"]["3"] == [3, TREE_TOPK, TREE_DRAFT_TOKENS[3]], reports
     assert reports["ours_cost"]["kernels"]["steps 0 held"].startswith("SGLang's non-speculative decode"), reports
+    assert reports["ours_cost"]["ran"].get(NONSPEC_ENTERED, 0) >= 1, reports["ours_cost"]["ran"]
 
 
 def test_held_steps_0_with_an_eagle1_draft_is_lossless(tmp_path):

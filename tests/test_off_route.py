@@ -519,7 +519,8 @@ def test_the_route_is_refused_under_1_and_declined_unset_where_it_cannot_run(mon
     monkeypatch.setattr(nonspec, "install", installed.append)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
-    w.server_args = SimpleNamespace(tp_size=1, dp_size=1, page_size=1, disable_overlap_schedule=False)
+    w.server_args = SimpleNamespace(tp_size=1, dp_size=1, page_size=1, disable_overlap_schedule=False,
+                                    speculative_adaptive=True)
     w.plain_off, w.plain_off_declined, w.topk = None, "steps 0 is not an adaptive candidate", 1
     monkeypatch.setattr(config, "current_draft_kind", lambda: config.EAGLE3)
     with pytest.raises(RuntimeError, match=config.OFF_NONSPEC_ENV):

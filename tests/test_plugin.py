@@ -665,7 +665,9 @@ def test_the_verify_in_graph_and_its_ab_are_refused_where_they_cannot_run(monkey
         ({config.LEAN_DRAFT_ENV: "0"}, (), "AB_STEPS for lean_draft where the lean draft phase does not"),
         ({config.LEAN_DRAFT_ENV: None, config.AB_FEATURE_ENV: "plain_direct"}, ("--speculative-adaptive",),
          "AB_STEPS for plain_direct without .*PLAIN_OFF=1.*Set"),
-        ({config.PLAIN_OFF_ENV: "1"}, ("--speculative-adaptive",), None),
+        ({config.PLAIN_OFF_ENV: "1"}, ("--speculative-adaptive",),
+         "AB_STEPS for plain_direct without .*OFF_NONSPEC=0.*Set"),  # held steps run as no-spec decode by default
+        ({config.OFF_NONSPEC_ENV: "0"}, ("--speculative-adaptive",), None),
     ]
     _start_in_steps(monkeypatch, steps)
 
@@ -760,6 +762,8 @@ def test_held_steps_0_as_a_non_speculative_batch_is_the_default_and_required_wit
         _args(*adaptive)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
     _args(*adaptive)
+    with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with no --speculative-adaptive.*Add"):
+        _args()
     monkeypatch.setenv(config.PLAIN_OFF_ENV, "0")
     with pytest.raises(EagleTritonConfigError, match="OFF_NONSPEC=1 with SGLANG_EAGLE_TRITON_PLAIN_OFF=0.*Unset"):
         _args(*adaptive)
