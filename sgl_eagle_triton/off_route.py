@@ -26,7 +26,6 @@ import logging
 from sgl_eagle_triton import ALGORITHM_NAME, config, off_step
 from sgl_eagle_triton.glue import call_sites as glue
 from sgl_eagle_triton.glue import nonspec
-from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.verify import note_ran
 
 logger = logging.getLogger(__name__)
@@ -64,10 +63,8 @@ class NonspecRoute:
         if self.plain_off is None:
             declined = self.plain_off_declined or "steps 0 is not an adaptive candidate"
             why = f"the plain steps 0 does not run ({declined})"
-        elif (unserved := config.off_nonspec_unserved(self.server_args)) is not None:
-            why = unserved[0]
-        elif getattr(settings(self.server_args), "disable_overlap_schedule", False):  # (SGLang may turn it off
-            why = "the overlap scheduler is off"  # after the argument check)
+        elif (unserved := config.off_nonspec_unserved(self.server_args)) is not None:  # (read again here: SGLang may
+            why = unserved[0]  # turn the overlap scheduler off after the argument check)
         elif problems := nonspec.problems():
             why, expected = "; ".join(problems), False
         elif (untested := self._nonspec_untested()) and mode == "auto":

@@ -536,6 +536,15 @@ def test_the_route_is_refused_under_1_and_declined_unset_where_it_cannot_run(mon
     with pytest.raises(RuntimeError, match="0.5.23"):
         w.start_nonspec()
     monkeypatch.setattr(nonspec, "problems", lambda: [])
+    # the server's arguments as the worker reads them (SGLang may turn the overlap scheduler off after the check)
+    w.server_args.disable_overlap_schedule = True
+    with pytest.raises(RuntimeError, match="--disable-overlap-schedule"):
+        w.start_nonspec()
+    monkeypatch.delenv(config.OFF_NONSPEC_ENV)
+    w.nonspec_declined = None
+    w.start_nonspec()
+    assert not w.nonspec_on and "--disable-overlap-schedule" in w.nonspec_declined and not installed
+    w.server_args.disable_overlap_schedule, w.nonspec_declined = False, None
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
     w.start_nonspec()
     assert not w.nonspec_on and not installed
