@@ -52,10 +52,9 @@ class NonspecRoute:
     def start_nonspec(self) -> None:
         """The route wherever it can run, unless ``config.OFF_NONSPEC_ENV=0``: not where the plain steps 0 does not
         run, nor for the server's arguments (``config.off_nonspec_unserved``: several GPUs, no overlap scheduler, pages
-        over 1 token), nor where this SGLang's touchpoints moved (``nonspec.problems``), nor (unless required) where it
-        has not yet run end to end (:meth:`_nonspec_untested`). There, held steps 0 stays on the speculative path, the
-        reason logged and kept in :attr:`nonspec_declined` (the kernel report); under ``config.OFF_NONSPEC_ENV=1`` the
-        server is refused instead (RuntimeError naming what to change), or warned where it is untested."""
+        over 1 token), nor where this SGLang's touchpoints moved (``nonspec.problems``). There, held steps 0 stays on
+        the speculative path, the reason logged and kept in :attr:`nonspec_declined` (the kernel report); under
+        ``config.OFF_NONSPEC_ENV=1`` the server is refused instead (RuntimeError naming what to change)."""
         mode = config.off_nonspec_mode()
         if mode == "off" or (self.plain_off is None and mode == "auto"):
             return  # "auto" without a plain steps 0 to hold (none a candidate, or declined and reported): nothing to do
@@ -67,11 +66,6 @@ class NonspecRoute:
             why = unserved[0]  # turn the overlap scheduler off after the argument check)
         elif problems := nonspec.problems():
             why, expected = "; ".join(problems), False
-        elif (untested := self._nonspec_untested()) and mode == "auto":
-            why = f"not yet run end to end with {untested} ({config.OFF_NONSPEC_ENV}=1 runs it)"
-        elif untested:
-            logger.warning("%s: %s=1 with %s: not yet run end to end", ALGORITHM_NAME, config.OFF_NONSPEC_ENV,
-                           untested)
         if why is not None:  # (a warning where SGLang's touchpoints moved, else at info: the server's arguments)
             self._decline(config.OFF_NONSPEC_ENV, mode, "nonspec_declined", "held steps 0 runs the plain step on the "
                           "speculative path, not as SGLang's non-speculative decode", why, expected)
@@ -80,15 +74,6 @@ class NonspecRoute:
         nonspec.install(self)
         logger.info("%s: adaptive steps 0, held, runs as SGLang's non-speculative decode (%s)", ALGORITHM_NAME,
                     f"{config.OFF_NONSPEC_ENV}=1" if mode == "on" else "the default")
-
-    def _nonspec_untested(self) -> str | None:
-        """What of this server the route has not yet served on a GPU (a default leaves it out, ``=1`` runs it): tree
-        candidates (topk > 1: the turn back's stubs and the resume are the trees'), an EAGLE-1 draft (its hidden
-        state stubs); None where it has."""
-        untested = [what for what, found in (("tree candidates (topk > 1)", self.topk > 1),
-                                             ("an EAGLE-1 draft", config.current_draft_kind() != config.EAGLE3))
-                    if found]
-        return " and ".join(untested) or None
 
     def prepare_decode(self, prepare, batch):
         """SGLang's ``ScheduleBatch.prepare_for_decode`` of ``batch`` (``prepare``), after this step's state is put in

@@ -330,17 +330,20 @@ def test_adaptive_under_tensor_parallelism(tmp_path):
 ONE_OFF_MORE_DRAFT = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [1]}}
 
 
-STAGGER_S = 0.12  # about half a greedy request's time at batch 1 (128 tokens at 1.5-2.5 ms): each joins one decoding
-
-
 def _serve_staggered(server, with_logprobs: bool) -> dict:
     """:func:`tests.e2e.serve_generate`'s greedy requests, one by one (with no-spec's log-probs), then each arriving
-    :data:`STAGGER_S` after the one before (in place of all at once: a request joins a batch of one already decoding,
-    and leaves one behind); then :func:`_serve_sampled`'s seeded sampled requests."""
+    three quarters of a request's time at batch 1 (timed here, on this server) after the one before, in place of all at
+    once: each request shares its first and last quarter with its neighbours and runs alone for the middle half (held
+    at steps 0 under a bracket of steps 0 at batch 1) until the next joins it (at half a request's time the batch stays
+    at two, alone for a step or two between requests: too short to turn it); then :func:`_serve_sampled`'s seeded
+    sampled requests."""
     result = serve_generate(server, with_logprobs)
+    start = time.perf_counter()
+    server.generate(PROMPTS[0], MAX_NEW_TOKENS)
+    stagger = 0.75 * (time.perf_counter() - start)
 
     def late(i: int) -> list[int]:
-        time.sleep(i * STAGGER_S)
+        time.sleep(i * stagger)
         return server.generate(PROMPTS[i], MAX_NEW_TOKENS)["output_ids"]
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -410,28 +413,27 @@ ONE_OFF_MORE_TREE = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [3]
 
 
 def _turned_both_ways(report: dict) -> None:
-    """The server's batch turned non-speculative and back (floors: the chain bracket's measured 68-71 turns, 1-4 back
-    at batch 1 under staggered arrivals, H200), each held step counted."""
+    """The server's batch turned non-speculative and back, each held step counted. Floors: the chain bracket's measured
+    68-72 turns, and 0-4 back (H200) with arrivals half a request apart, which rarely left a request alone long enough
+    to turn; at three quarters (:func:`_serve_staggered`) each late arrival should turn it back."""
     ran = report["ran"]
     assert ran.get(NONSPEC_ENTERED, 0) >= 30 and ran.get(NONSPEC_LEFT, 0) >= 1 and ran.get(NONSPEC_STEP, 0), ran
 
 
 def test_held_steps_0_over_tree_candidates_is_lossless(tmp_path):
-    """The route over tree candidates, which its default leaves out until a GPU has run this test
-    (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` runs it there): a bracket of steps 0 at batch 1 and a (3, TREE_TOPK, 8) tree
+    """The route (the default) over tree candidates: a bracket of steps 0 at batch 1 and a (3, TREE_TOPK, 8) tree
     above (the turn back's stubs and the resume are a tree's), and the cost policy over chains among trees. Greedy
     tie-aware equal to no-spec's on both; the bracket's batch turned both ways."""
     bracket = tmp_path / "tree-bracket.json"
     bracket.write_text(json.dumps(ONE_OFF_MORE_TREE))
     spec = ["--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", DRAFT]
-    env = {config.OFF_NONSPEC_ENV: "1"}
     servers = {
         "nospec": e2e_server("nonspec-trees-nospec", TARGET, [], tmp_path),
         "ours_bracket": e2e_server("nonspec-trees-EAGLE_TRITON-bracket", TARGET, [
             *spec, "--speculative-adaptive", "--speculative-adaptive-config", str(bracket), "--speculative-eagle-topk",
-            str(TREE_TOPK), "--speculative-num-steps", "3"], tmp_path, env=env),
+            str(TREE_TOPK), "--speculative-num-steps", "3"], tmp_path),
         "ours_cost": e2e_server("nonspec-mixed-EAGLE_TRITON-cost", TARGET, [
-            *spec, *adaptive_tree_flags(tmp_path, policy="cost", draft_tokens=MIXED_DRAFT_TOKENS)], tmp_path, env=env),
+            *spec, *adaptive_tree_flags(tmp_path, policy="cost", draft_tokens=MIXED_DRAFT_TOKENS)], tmp_path),
     }
     _, reports = _serve_held(servers, ("ours_bracket", "ours_cost"), "adaptive-nonspec-trees.json")
     _turned_both_ways(reports["ours_bracket"])
@@ -441,9 +443,8 @@ def test_held_steps_0_over_tree_candidates_is_lossless(tmp_path):
 
 
 def test_held_steps_0_with_an_eagle1_draft_is_lossless(tmp_path):
-    """The route with an EAGLE-1 draft (the random pair: no hidden-state stub of EAGLE-3's width), which its default
-    leaves out until a GPU has run this test (``SGLANG_EAGLE_TRITON_OFF_NONSPEC=1`` runs it there), under the chain
-    bracket of steps 0 at batch 1. Greedy tie-aware equal to no-spec's; the batch turned both ways."""
+    """The route (the default) with an EAGLE-1 draft (the random pair: no hidden-state stub of EAGLE-3's width), under
+    the chain bracket of steps 0 at batch 1. Greedy tie-aware equal to no-spec's; the batch turned both ways."""
     target, draft = (str(path) for path in write_random_eagle1_pair(tmp_path / "pair"))
     bracket = tmp_path / "bracket.json"
     bracket.write_text(json.dumps(ONE_OFF_MORE_DRAFT))
@@ -452,7 +453,7 @@ def test_held_steps_0_with_an_eagle1_draft_is_lossless(tmp_path):
         "ours_bracket": e2e_server("nonspec-eagle1-EAGLE_TRITON-bracket", target, [
             "--speculative-algorithm", "EAGLE_TRITON", "--speculative-draft-model-path", draft,
             "--speculative-adaptive", "--speculative-adaptive-config", str(bracket), "--speculative-num-steps", "1"],
-            tmp_path, env={config.OFF_NONSPEC_ENV: "1"}),
+            tmp_path),
     }
     _, reports = _serve_held(servers, ("ours_bracket",), "adaptive-nonspec-eagle1.json")
     _turned_both_ways(reports["ours_bracket"])

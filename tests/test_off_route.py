@@ -512,9 +512,9 @@ def test_the_ab_arm_without_the_route_keeps_plain_steps_on_the_speculative_path(
 
 def test_the_route_is_refused_under_1_and_declined_unset_where_it_cannot_run(monkeypatch):
     """Unset, the route runs wherever it can: without a plain steps 0 nothing happens (that is reported already), and
-    where SGLang's touchpoints moved or it has not yet run end to end it is declined (kept for the kernel report);
-    under OFF_NONSPEC=1 the first two refuse the server, naming the variable, and it runs untested; under 0 nothing
-    runs."""
+    where SGLang's touchpoints moved or the server's arguments leave it out it is declined (kept for the kernel report;
+    tree candidates and EAGLE-1 drafts are served); under OFF_NONSPEC=1 those refuse the server, naming the variable;
+    under 0 nothing runs."""
     installed = []
     monkeypatch.setattr(nonspec, "install", installed.append)
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
@@ -548,20 +548,17 @@ def test_the_route_is_refused_under_1_and_declined_unset_where_it_cannot_run(mon
     monkeypatch.setenv(config.OFF_NONSPEC_ENV, "0")
     w.start_nonspec()
     assert not w.nonspec_on and not installed
-    # unset, not where it has not yet run end to end: tree candidates, an EAGLE-1 draft; under 1 it runs there
+    # unset, over tree candidates and an EAGLE-1 draft too (GPU-run end to end)
     monkeypatch.delenv(config.OFF_NONSPEC_ENV)
-    for topk, kind, untested in ((4, config.EAGLE3, "tree candidates"), (1, config.EAGLE, "an EAGLE-1 draft")):
+    for topk, kind in ((4, config.EAGLE3), (1, config.EAGLE)):
         w.topk, w.nonspec_declined = topk, None
         monkeypatch.setattr(config, "current_draft_kind", lambda kind=kind: kind)
         w.start_nonspec()
-        assert not w.nonspec_on and untested in w.nonspec_declined and not installed, w.nonspec_declined
-    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")
-    w.start_nonspec()
-    assert w.nonspec_on and installed == [w]
-    w.nonspec_on, w.topk, w.nonspec_declined = False, 1, None
-    installed.clear()
-    monkeypatch.setattr(config, "current_draft_kind", lambda: config.EAGLE3)
-    monkeypatch.delenv(config.OFF_NONSPEC_ENV)
+        assert w.nonspec_on and installed == [w] and w.nonspec_declined is None, w.nonspec_declined
+        w.nonspec_on = False
+        installed.clear()
+    monkeypatch.setenv(config.OFF_NONSPEC_ENV, "1")  # required there too
+    w.topk = 4
     w.start_nonspec()
     assert w.nonspec_on and installed == [w] and w.nonspec_declined is None
 
