@@ -42,8 +42,9 @@ own card with ``--systems`` a share and ``nospec`` in every lane; rows record ``
 ``--card``: shares run in separate calls of one GPU each need their own label) and the report compares each system
 with the no-spec of its own card.
 
-``--interleave`` (the trained pair only: its servers fit one GPU together; :mod:`bench.interleave`): every system's
-server starts on the one GPU (``SHARED_GPU_FLAGS``: a capped KV pool, schedulers that sleep while idle), then batch
+``--interleave`` (:mod:`bench.interleave`): every system's server starts on the one GPU (``SHARED_GPU_FLAGS``: a
+KV pool capped at 65536 tokens, schedulers that sleep while idle; an 8B-shaped server then holds ~16 GB of weights
+and ~8.6 GB of KV, so two to four fit an 80 GB card beside each other), then batch
 by batch every server is measured twice (``--repeats``), the systems in one order and then in the reverse (the
 first order alternating between batches); a row keeps the mean and every timing (``runs``). With ``--round-robin``
 a run is a single round of the batch (at batch 1 one request): the servers take turns round by round, seconds apart
@@ -609,9 +610,6 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --rotate-cores needs --pin-cores")
     if args.pin_cores and shutil.which("taskset") is None:
         raise SystemExit("bench.adaptive: --pin-cores needs taskset (util-linux) on this host")
-    if args.interleave and not args.real_pair:
-        raise SystemExit("bench.adaptive: --interleave needs --real-pair (8B-shaped servers do not fit one GPU "
-                         "together)")
     import sglang
     import torch
 
@@ -735,13 +733,13 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
         for i, batch in enumerate(args.batches):
             if args.round_robin:  # every server warmed up first, then N rounds a run: run r on rounds rN .. rN + N - 1
                 for entry in measurement_order(ready, i, 1):
-                    warm_up(entry[2].url, batch, True)
+                    warm_up(entry[2].url, batch, args.real_pair)
                 runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: measure(
-                    server.url, n, True, first_round=run * args.rounds_per_run, rounds=args.rounds_per_run,
+                    server.url, n, args.real_pair, first_round=run * args.rounds_per_run, rounds=args.rounds_per_run,
                     warm=False), before=rotate)
             else:
                 runs = measure_in_turn(ready, i, batch, args.repeats,
-                                       lambda server, n, run: measure(server.url, n, True), before=rotate)
+                                       lambda server, n, run: measure(server.url, n, args.real_pair), before=rotate)
             for system, shape, server, attention in ready:
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")

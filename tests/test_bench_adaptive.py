@@ -188,13 +188,14 @@ def test_only_the_skip_system_skips_the_steps_0_draft_extend(tmp_path, monkeypat
 
 
 def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(tmp_path, monkeypatch):
-    """``--interleave`` (trained pair): all servers up at once with the shared-GPU flags; per batch each is
-    measured once in one order and once in the reverse, the first order alternating between batches; a row is the
-    mean of its two timings. Without ``--real-pair`` it is refused."""
-    measured, servers = [], ServerLog()
+    """``--interleave``: all servers up at once with the shared-GPU flags; per batch each is measured once in one
+    order and once in the reverse, the first order alternating between batches; a row is the mean of its two
+    timings. The trained pair's servers get its text prompts, 8B-shaped ones (dummy weights) token prompts."""
+    measured, servers, real_seen = [], ServerLog(), []
 
     def measure(url, batch, real=False):
         measured.append((url, batch))
+        real_seen.append(real)
         return {"tok_per_s": float(len(measured)), "accept_len": 2.0, "rounds": 1, "longest_gap_ms": 1.0}
 
     monkeypatch.setattr(adaptive, "Server", servers.server_class())
@@ -204,10 +205,12 @@ def test_interleave_measures_every_server_twice_per_batch_in_alternating_order(t
     out = tmp_path / "sweep.json"
     argv = ["--systems", "nospec", "eagle_triton_cost", "--batches", "1", "4", "--workdir", str(tmp_path),
             "--out", str(out), "--interleave"]
-    with pytest.raises(SystemExit, match="--interleave needs --real-pair"):
-        adaptive.main(argv)
-    servers.started.clear()
+    monkeypatch.setattr(adaptive, "write_models", lambda workdir: (tmp_path / "t", tmp_path / "d"))
+    adaptive.main([*argv, "--out", str(tmp_path / "8b.json")])  # 8B shapes: the same order, token prompts
+    assert len(measured) == 8 and real_seen == [False] * 8 and len(servers.started) == 2
+    measured.clear(), real_seen.clear(), servers.started.clear(), servers.events.clear(), servers.stopped.clear()
     adaptive.main([*argv, "--real-pair"])
+    assert real_seen == [True] * 8
     assert len(servers.started) == 2 and all(a[-3:] == SHARED_GPU_FLAGS for a in servers.started)
     # the cost policy's server times its graphs at start-up: it starts alone, the others once it is ready
     assert servers.events[:4] == [("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"), ("start", "nospec"),
