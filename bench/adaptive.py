@@ -44,7 +44,8 @@ with the no-spec of its own card.
 
 ``--interleave`` (:mod:`bench.interleave`): every system's server starts on the one GPU (``SHARED_GPU_FLAGS``: a
 KV pool capped at 65536 tokens, schedulers that sleep while idle; an 8B-shaped server then holds ~16 GB of weights
-and ~8.6 GB of KV, so two to four fit an 80 GB card beside each other), then batch
+and ~8.6 GB of KV: by SGLang's memory check, which keeps 0.3 of the card free of each server, about two fit an 80 GB
+card, three an H200), then batch
 by batch every server is measured twice (``--repeats``), the systems in one order and then in the reverse (the
 first order alternating between batches); a row keeps the mean and every timing (``runs``). With ``--round-robin``
 a run is a single round of the batch (at batch 1 one request): the servers take turns round by round, seconds apart
