@@ -595,3 +595,10 @@ def test_the_report_states_the_issues_targets_run_by_run():
     assert "The issue's targets" not in adaptive.report([r for r in rows if r["system"] in ("nospec", "eagle_triton")])
     other = [dict(r, session="b") if r["system"] == "eagle_triton_cost" else r for r in rows]
     assert "| 1 | - | - | 0.80" in adaptive.report(other)  # the cost rows of another sweep pair with nothing
+
+
+def test_a_batch_named_twice_without_interleave_is_refused(tmp_path):
+    """One after another a row is kept per batch: a batch named twice would keep only its last run, so it is refused
+    at once (repeats: ``--interleave --repeats``)."""
+    with pytest.raises(SystemExit, match="named twice"):
+        adaptive.main(["--batches", "16", "64", "16", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.json")])
