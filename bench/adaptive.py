@@ -720,8 +720,8 @@ def policy_state(server) -> dict | None:
 def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> None:
     """``--interleave``: every server up at once; per batch each measured ``--repeats`` times, in alternating order;
     a row keeps the mean ``tok_per_s`` and ``accept_len`` of the runs and every timing (``runs``). The cost policies'
-    servers start first and alone (each times its states' CUDA graphs at start-up, which other servers compiling and
-    capturing on the same GPU would disturb), the others together once those are ready. A server that fails to start
+    servers start first, one at a time (each times its states' CUDA graphs at start-up, which other servers compiling
+    and capturing on the same GPU would disturb), the others together once those are ready. A server that fails to start
     is left out; one that fails while serving stops the sweep with the rows so far saved. ``rotate(entry, run)``
     (``--rotate-cores``) runs before each measurement."""
     def is_cost(entry):
@@ -729,7 +729,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
 
     started, rows, arm_lines = [], [], {}
     try:
-        ready = bring_up([[s for s in servers if is_cost(s)], [s for s in servers if not is_cost(s)]], start,
+        ready = bring_up([*([s] for s in servers if is_cost(s)), [s for s in servers if not is_cost(s)]], start,
                          verify_attention, started)
         ready.sort(key=lambda r: servers.index((r[0], r[1])))  # measured in --systems order
         if args.freeze_gc:

@@ -602,3 +602,21 @@ def test_a_batch_named_twice_without_interleave_is_refused(tmp_path):
     at once (repeats: ``--interleave --repeats``)."""
     with pytest.raises(SystemExit, match="named twice"):
         adaptive.main(["--batches", "16", "64", "16", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def test_cost_policy_servers_start_one_at_a_time_under_interleave(tmp_path, monkeypatch):
+    """Each cost policy's server times its states' graphs at start-up: under ``--interleave`` two of them (an A/B of
+    the policy's code) start one after the other, alone, and the other servers together once both are ready."""
+    servers = ServerLog()
+    monkeypatch.setattr(adaptive, "Server", servers.server_class())
+    monkeypatch.setattr(adaptive, "measure", lambda url, batch, real=False: {
+        "tok_per_s": 1.0, "accept_len": 1.0, "rounds": 1, "longest_gap_ms": 1.0})
+    monkeypatch.setattr(adaptive, "plot", lambda rows, path: None)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "fake GPU")
+    adaptive.main(["--systems", "nospec", "eagle_triton_cost", "eagle_triton_cost_before", "eagle_triton",
+                   "--shapes", "3,1,4", "--batches", "1", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.json"),
+                   "--interleave", "--real-pair", "--before-tree", str(tmp_path)])
+    assert servers.events[:8] == [
+        ("start", "eagle_triton_cost"), ("ready", "eagle_triton_cost"),
+        ("start", "eagle_triton_cost_before"), ("ready", "eagle_triton_cost_before"),
+        ("start", "nospec"), ("start", "eagle_triton-3-1-4"), ("ready", "nospec"), ("ready", "eagle_triton-3-1-4")]
