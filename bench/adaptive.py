@@ -603,9 +603,9 @@ def main(argv=None):
         raise SystemExit("bench.adaptive: --round-robin needs --interleave")
     if args.rounds_per_run < 1 or (args.rounds_per_run > 1 and not args.round_robin):
         raise SystemExit("bench.adaptive: --rounds-per-run: a whole number >= 1, above 1 with --round-robin only")
-    if not args.interleave and len(set(args.batches)) < len(args.batches):
-        raise SystemExit("bench.adaptive: a batch named twice in --batches without --interleave (one row a batch: the "
-                         "later run would replace the earlier); measure repeats with --interleave --repeats N")
+    if len(set(args.batches)) < len(args.batches):
+        raise SystemExit("bench.adaptive: a batch named twice in --batches (one row a batch: the later run would "
+                         "replace the earlier); measure repeats with --interleave --repeats N")
     if args.freeze_gc and not args.interleave:
         raise SystemExit("bench.adaptive: --freeze-gc needs --interleave")
     if args.pin_cores and not args.interleave:

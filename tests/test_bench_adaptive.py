@@ -597,11 +597,13 @@ def test_the_report_states_the_issues_targets_run_by_run():
     assert "| 1 | - | - | 0.80" in adaptive.report(other)  # the cost rows of another sweep pair with nothing
 
 
-def test_a_batch_named_twice_without_interleave_is_refused(tmp_path):
-    """One after another a row is kept per batch: a batch named twice would keep only its last run, so it is refused
-    at once (repeats: ``--interleave --repeats``)."""
+@pytest.mark.parametrize("mode", [[], ["--interleave", "--real-pair"]], ids=["one-after-another", "interleave"])
+def test_a_batch_named_twice_is_refused(tmp_path, mode):
+    """Rows are kept one a batch (merge_rows): a batch named twice would keep only its last run, so it is refused at
+    once, in either mode (repeats: ``--interleave --repeats``)."""
     with pytest.raises(SystemExit, match="named twice"):
-        adaptive.main(["--batches", "16", "64", "16", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.json")])
+        adaptive.main(["--batches", "16", "64", "16", "--workdir", str(tmp_path), "--out", str(tmp_path / "x.json"),
+                       *mode])
 
 
 def test_cost_policy_servers_start_one_at_a_time_under_interleave(tmp_path, monkeypatch):
