@@ -415,8 +415,7 @@ ONE_OFF_MORE_TREE = {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [3]
 def _turned_both_ways(report: dict) -> None:
     """The server's batch turned non-speculative and back, each held step counted. Measured (H200) with arrivals three
     quarters of a request apart (:func:`_serve_staggered`): the tree bracket turned 80 times and back 11, the EAGLE-1
-    chain bracket 68 and back 1 (0.12 s apart the tree 72 / 4; half a request apart EAGLE-1 68 / 1). Floors: under
-    half the turns, one back."""
+    chain bracket 68 and back 1. Floors: under half the turns, one back."""
     ran = report["ran"]
     assert ran.get(NONSPEC_ENTERED, 0) >= 30 and ran.get(NONSPEC_LEFT, 0) >= 1 and ran.get(NONSPEC_STEP, 0), ran
 
