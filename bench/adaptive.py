@@ -32,7 +32,9 @@ prompts with its real acceptance instead (label ``"real:tiny-code-v1"``).
 Measurement: ``batch`` concurrent streamed ``/generate`` requests of random 128-token prompts, ``MAX_NEW_TOKENS``
 each (EOS ignored), after one warm-up request and one warm-up batch (adaptive servers settle their EMA there);
 batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``). An EAGLE_TRITON adaptive server's rows also
-keep what its policy chose and priced, read after the batch (row key ``policy``: :func:`policy_state`).
+keep what its policy chose and priced, read after the batch (row key ``policy``: :func:`policy_state`); under
+``SGLANG_EAGLE_TRITON_CYCLE_TIMING`` (``--server-env``) each state's own cycle as the server ran it (row key ``states``:
+:func:`states_state`; the report's "Cycles by state", beside the cost policy's price of each).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
 crashes at start otherwise; docs/design.md). Every server runs the triton attention backend unless
@@ -401,7 +403,8 @@ def report(rows: list[dict]) -> str:
             gap = f"{r['longest_gap_ms']:.0f}" if "longest_gap_ms" in r else "-"  # older rows have none
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
-    return "\n".join(lines) + "\n" + targets_table(by_batch) + paired_table(by_batch) + arms_section(rows)
+    return ("\n".join(lines) + "\n" + targets_table(by_batch) + paired_table(by_batch) + arms_section(rows)
+            + states_section(rows))
 
 
 # the issue's targets (docs/off-step-design.md): (title, system, what it is measured against, floor)
@@ -487,6 +490,56 @@ def arms_state(server, seen: dict) -> dict | None:
             "on": {key: folded[on, key] for key in stage_split.ARM_KEYS},
             "off": {key: folded[off, key] for key in stage_split.ARM_KEYS},
             "ratio": {key: folded["ratio", key] for key in stage_split.ARM_KEYS}}
+
+
+def states_state(server, seen: dict) -> dict | None:
+    """Row key ``states`` of an adaptive EAGLE server whose worker the cycle timing times
+    (SGLANG_EAGLE_TRITON_CYCLE_TIMING without the scheduler-only scope): rank 0's per-state lines
+    (``CycleTiming.states_summary``) its log gained since the last call (``seen``: lines already read, by server
+    name); per state the decode steps it ran and, weighted by each line's steps, the mean host period and host time
+    in ``forward_batch_generation`` (ms); None without new lines."""
+    from sgl_eagle_triton.cycle_timing import parse_arm_summaries
+
+    lines = [line for line in server.log().splitlines() if "cycle timing states" in line]
+    new, seen[server.name] = lines[seen.get(server.name, 0):], len(lines)
+    parsed = [line["arms"] for line in parse_arm_summaries("\n".join(new), states=True) if line["rank"] == 0]
+    if not parsed:
+        return None
+    out = {}
+    for state in sorted({state for line in parsed for state in line}):
+        ran = [line[state] for line in parsed if state in line]
+        steps = sum(r["steps"] for r in ran)
+        timed = [r for r in ran if r["host_period"] is not None]
+        weight = sum(r["steps"] for r in timed)
+        out[state] = {"steps": steps, "lines": len(ran),
+                      "host_period": round(sum(r["host_period"] * r["steps"] for r in timed) / weight, 3)
+                      if weight else None,
+                      "host_in_forward": round(sum(r["host_in_forward"] * r["steps"] for r in ran) / steps, 3)}
+    return out
+
+
+def states_section(rows: list[dict]) -> str:
+    """Markdown: rows whose server logged the cycle timing per state (``states``): each state's steps, host period and
+    time in ``forward_batch_generation``, beside the cost policy's price of that state's cycle at the batch (its
+    graphs' replay + its learnt rest outside them: ``policy.replay_ms`` + ``policy.rest_ms``, where it has both);
+    "" without any."""
+    timed = [r for r in rows if r.get("states")]
+    if not timed:
+        return ""
+    lines = ["", "Cycles by state (the cycle timing's per-state lines, steps-weighted means over the batch's runs; "
+             "host ms; policy price: the cost policy's cycle there, graphs' replay + learnt rest):", "",
+             "| batch | system | state | steps | host period | in forward | policy price |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(timed, key=lambda r: (r["batch"], r["system"])):
+        policy = r.get("policy") or {}
+        for state, s in r["states"].items():
+            key = f"{state.removeprefix('steps').split('-')[0]},{r['batch']}"
+            replay, rest = (policy.get("replay_ms") or {}).get(key), (policy.get("rest_ms") or {}).get(key)
+            price = "-" if replay is None or rest is None else f"{replay + rest:.3f}"
+            period = "-" if s["host_period"] is None else f"{s['host_period']:.3f}"
+            lines.append(f"| {r['batch']} | {label(r)} | {state} | {s['steps']} | {period} | "
+                         f"{s['host_in_forward']:.3f} | {price} |")
+    return "\n".join(lines) + "\n"
 
 
 def paired_table(by_batch: dict) -> str:
@@ -668,12 +721,13 @@ def main(argv=None):
     if args.interleave:
         return interleaved(servers, start, args, meta, rotate)
 
-    arm_lines: dict = {}
+    arm_lines, state_lines = {}, {}
 
     def measure_batch(system, shape, server, attention, batch):
         result = measure(server.url, batch, args.real_pair)
         print(server.name, batch, result, flush=True)
-        return row(system, shape, batch, meta, attention, result, policy_state(server), arms_state(server, arm_lines))
+        return row(system, shape, batch, meta, attention, result, policy_state(server), arms_state(server, arm_lines),
+                   states_state(server, state_lines))
 
     # a server that failed to start or serve: the sweep goes on without it
     one_after_another(servers, start, verify_attention, measure_batch, args.batches, lambda rows: save(args.out, rows),
@@ -681,7 +735,7 @@ def main(argv=None):
 
 
 def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict, policy: dict | None = None,
-        arms: dict | None = None) -> dict:
+        arms: dict | None = None, states: dict | None = None) -> dict:
     out = dict(system=system, steps=shape[0] if shape else None, topk=shape[1] if shape else None,
                draft_tokens=shape[2] if shape else None, batch=batch, **meta, verify_attention=attention,
                candidates=COST_CANDIDATES if SYSTEMS[system][1] == "cost" else None, **result)
@@ -689,11 +743,13 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
         out["policy"] = policy
     if arms is not None:
         out["arms"] = arms
+    if states is not None:
+        out["states"] = states
     return out
 
 
 # of the cost policy's report, kept in rows
-POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "rest_ms", "rest_spread_ms")
+POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "replay_ms", "rest_ms", "rest_spread_ms")
 
 
 def policy_state(server) -> dict | None:
@@ -701,8 +757,8 @@ def policy_state(server) -> dict | None:
     run at each step count since start (``steps_in_force``), how its steps 0 ran (``steps_0``: plain steps, those
     whose token and fill came from the target graph, resumes, and the plain steps held as a non-speculative batch
     (``held``, where that route runs: the default); all since start) and, under the cost policy, its
-    switches, depth rates and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose, how its choice
-    ran, and the prices it chose by. None for other servers."""
+    switches, depth rates, graph replays and learnt rests with their spreads (:data:`POLICY_KEYS`): what it chose,
+    how its choice ran, and the prices it chose by. None for other servers."""
     from sgl_eagle_triton.off_route import NONSPEC_STEP
     from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
     from sgl_eagle_triton.worker import GRAPH_EPILOGUE
@@ -727,7 +783,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
     def is_cost(entry):
         return str(SYSTEMS[entry[0]][1]).startswith("cost")
 
-    started, rows, arm_lines = [], [], {}
+    started, rows, arm_lines, state_lines = [], [], {}, {}
     try:
         ready = bring_up([*([s] for s in servers if is_cost(s)), [s for s in servers if not is_cost(s)]], start,
                          verify_attention, started)
@@ -750,7 +806,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
                 if args.round_robin:
                     result["rounds"] = len(runs[server.name]) * args.rounds_per_run
                 rows.append(row(system, shape, batch, meta, attention, result, policy_state(server),
-                                arms_state(server, arm_lines)))
+                                arms_state(server, arm_lines), states_state(server, state_lines)))
             save(args.out, rows)
     finally:
         for server in started:

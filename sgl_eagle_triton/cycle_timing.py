@@ -19,7 +19,11 @@ have completed (no synchronisation). Per step it reports:
   overlap scheduling all the scheduler's kernels).
 
 A worker subclass that launches a decode step itself (ours, where the plain steps 0 runs: the state put in force,
-then a plain step or SGLang's method) is timed over the same span by :func:`worker_step`.
+then a plain step or SGLang's method) is timed over the same span by :func:`worker_step`. An adaptive one labels each
+step with the state it runs in (:attr:`CycleTiming.state`: ``steps5``; ``steps0`` on the speculative path,
+``steps0-held`` held as a non-speculative batch, ``steps0-resume`` the step that leaves steps 0), and each summary is
+followed by one line of those states' periods (:meth:`CycleTiming.states_summary`): a state's cycle as the server runs
+it, beside the price the cost policy learnt for it.
 
 A rank whose host is late before a step shows the largest ``gpu idle`` while the others wait inside their
 collectives (their ``gpu step`` grows); lateness inside a step shows as a larger ``gpu step`` on every rank. A
@@ -97,6 +101,9 @@ class CycleTiming:
         # an A/B inside one server (config.AB_STEPS_ENV): the arm the worker put the step in; "" (none) otherwise
         self.arm = ""
         self.arms: dict[str, dict] = {}  # arm -> its sums since the last summary (arms_summary)
+        # an adaptive server: the state the worker put the step in (e.g. "steps5", "steps0-held"); "" (none) otherwise
+        self.state = ""
+        self.states: dict[str, dict] = {}  # state -> its sums since the last summary (states_summary)
 
     def break_chain(self) -> None:
         self._paired = False
@@ -122,35 +129,43 @@ class CycleTiming:
             finally:
                 self.profiler.disable()
         finally:
-            self.pending.append((enter, self.clock(), start, self.event(), self._paired, self.arm))
+            self.pending.append((enter, self.clock(), start, self.event(), self._paired, self.arm, self.state))
             self._paired = True
             self._collect()
 
     def _collect(self) -> None:
         while self.pending and self.pending[0][3].query():
-            enter, leave, start, end, paired, arm = self.pending.popleft()
+            enter, leave, start, end, paired, arm, state = self.pending.popleft()
             self.counts["steps"] += 1
-            self.sums["host_in_forward"] += (leave - enter) * 1e3
-            self.sums["gpu_step"] += start.elapsed_time(end)
-            if arm:
-                sums = self._arm_sums(arm)
-                sums["steps"] += 1
-                sums["host_in_forward"] += (leave - enter) * 1e3
-                sums["gpu_step"] += start.elapsed_time(end)
+            in_forward, gpu_step = (leave - enter) * 1e3, start.elapsed_time(end)
+            self.sums["host_in_forward"] += in_forward
+            self.sums["gpu_step"] += gpu_step
+            for table, label in ((self.arms, arm), (self.states, state)):
+                if label:
+                    sums = _label_sums(table, label)
+                    sums["steps"] += 1
+                    sums["host_in_forward"] += in_forward
+                    sums["gpu_step"] += gpu_step
             if paired and self.last is not None:
                 self.counts["paired"] += 1
-                self.sums["host_period"] += (enter - self.last[0]) * 1e3
+                period = (enter - self.last[0]) * 1e3
+                self.sums["host_period"] += period
                 self.sums["gpu_idle"] += self.last[3].elapsed_time(start)
-                if self.last[4]:  # a period belongs to the arm of the step that began it
-                    sums = self._arm_sums(self.last[4])
-                    sums["paired"] += 1
-                    sums["host_period"] += (enter - self.last[0]) * 1e3
-            self.last = (enter, leave, start, end, arm)
+                # a period belongs to the arm (the state) of the step that began it
+                for table, label in ((self.arms, self.last[4]), (self.states, self.last[5])):
+                    if label:
+                        sums = _label_sums(table, label)
+                        sums["paired"] += 1
+                        sums["host_period"] += period
+            self.last = (enter, leave, start, end, arm, state)
             if self.counts["steps"] >= self.every:
                 self.log(self.summary())
                 if self.arms:
                     self.log(self.arms_summary())
                     self.arms = {}
+                if self.states:
+                    self.log(self.states_summary())
+                    self.states = {}
                 if self.profiler is not None and self.profiler.getstats():  # two summaries at once: one report
                     self.log(self.profile_report())
                     self.profiler = cProfile.Profile()
@@ -162,21 +177,16 @@ class CycleTiming:
         cumulative time (pstats' listings; the profile covers the launches of steps not yet summarised too)."""
         return _profile_report(self.profiler, self.profile_top, f"{self.name} cycle profile, rank {self.rank}")
 
-    def _arm_sums(self, arm: str) -> dict:
-        return self.arms.setdefault(arm, dict(steps=0, paired=0, host_in_forward=0.0, gpu_step=0.0, host_period=0.0))
-
     def arms_summary(self) -> str:
         """One line for the arms of an A/B inside this server since the last summary: per arm its mean host period
         (from each of its steps to the next step), host time in ``forward_batch_generation``, GPU step span, steps."""
+        return f"{self.name} cycle timing arms, rank {self.rank}: {_labels_text(self.arms)}"
 
-        def arm_text(arm, sums):
-            steps, paired = max(sums["steps"], 1), sums["paired"]
-            period = f"{sums['host_period'] / paired:.3f} ms" if paired else "n/a"
-            return (f"{arm}: host period {period}, in forward {sums['host_in_forward'] / steps:.3f} ms, gpu step "
-                    f"{sums['gpu_step'] / steps:.3f} ms, {sums['steps']} steps")
-
-        return (f"{self.name} cycle timing arms, rank {self.rank}: "
-                + " ; ".join(arm_text(arm, sums) for arm, sums in sorted(self.arms.items())))
+    def states_summary(self) -> str:
+        """One line for the adaptive states the steps since the last summary ran in (``state``: the worker's label),
+        each as an arm of :meth:`arms_summary`: what a state's cycle costs as the server runs it, beside the price the
+        cost policy learnt for it (its ``rest_ms`` + ``replay_ms``)."""
+        return f"{self.name} cycle timing states, rank {self.rank}: {_labels_text(self.states)}"
 
     def summary(self) -> str:
         steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
@@ -188,6 +198,23 @@ class CycleTiming:
                 f"another): host period {per_pair('host_period')} ({self.sums['host_in_forward'] / steps:.2f} ms in "
                 f"forward_batch_generation), gpu step {self.sums['gpu_step'] / steps:.2f} ms + idle "
                 f"{per_pair('gpu_idle')}")
+
+
+def _label_sums(table: dict, label: str) -> dict:
+    return table.setdefault(label, dict(steps=0, paired=0, host_in_forward=0.0, gpu_step=0.0, host_period=0.0))
+
+
+def _labels_text(table: dict) -> str:
+    """Per label (an arm, a state): its mean host period (from each of its steps to the next step), host time in
+    ``forward_batch_generation``, GPU step span and steps, ``" ; "``-joined."""
+
+    def text(label, sums):
+        steps, paired = max(sums["steps"], 1), sums["paired"]
+        period = f"{sums['host_period'] / paired:.3f} ms" if paired else "n/a"
+        return (f"{label}: host period {period}, in forward {sums['host_in_forward'] / steps:.3f} ms, gpu step "
+                f"{sums['gpu_step'] / steps:.3f} ms, {sums['steps']} steps")
+
+    return " ; ".join(text(label, sums) for label, sums in sorted(table.items()))
 
 
 SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "_apply_war_barrier",
@@ -402,15 +429,17 @@ def parse_summaries(text: str) -> list[dict]:
 
 
 _ARMS_SUMMARY = re.compile(r"(?P<name>\S+) cycle timing arms, rank (?P<rank>\d+): (?P<arms>.*)")
+_STATES_SUMMARY = re.compile(r"(?P<name>\S+) cycle timing states, rank (?P<rank>\d+): (?P<arms>.*)")
 _ARM = re.compile(r"(?P<arm>[\w-]+): host period (?P<host_period>n/a|[\d.]+ ms), in forward "
                   r"(?P<host_in_forward>[\d.]+) ms, gpu step (?P<gpu_step>[\d.]+) ms, (?P<steps>\d+) steps")
 
 
-def parse_arm_summaries(text: str) -> list[dict]:
-    """Every :meth:`CycleTiming.arms_summary` line in ``text``: ``name``, ``rank`` and ``arms``: {arm: {``steps``,
-    ``host_period`` (None where n/a), ``host_in_forward``, ``gpu_step`` in ms}}."""
+def parse_arm_summaries(text: str, states: bool = False) -> list[dict]:
+    """Every :meth:`CycleTiming.arms_summary` line in ``text`` (``states``: every :meth:`CycleTiming.states_summary`
+    line, its states as arms): ``name``, ``rank`` and ``arms``: {arm: {``steps``, ``host_period`` (None where n/a),
+    ``host_in_forward``, ``gpu_step`` in ms}}."""
     rows = []
-    for m in _ARMS_SUMMARY.finditer(text):
+    for m in (_STATES_SUMMARY if states else _ARMS_SUMMARY).finditer(text):
         arms = {a["arm"]: dict(steps=int(a["steps"]), host_in_forward=float(a["host_in_forward"]),
                                gpu_step=float(a["gpu_step"]),
                                host_period=None if a["host_period"] == "n/a" else float(a["host_period"][:-3]))

@@ -848,6 +848,7 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
             self._decided_at_prep = False
             if not cycle_timing.ACTIVE:  # (no instrument in this process: no wrapper around the step)
                 return self._nonspec_step(batch)
+            self._label_cycle("steps0-held")
             return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
                                             lambda: self._nonspec_step(batch))
         if self.cost_policy is not None and extend:
@@ -906,6 +907,13 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
         draft_worker.kv_filled_in_graph = self.plain_off.filled
         draft_worker.read_done_after_fill = self._publish_read_done
         return result
+
+    def _label_cycle(self, state: str) -> None:
+        """The state of the decode step about to launch, for the cycle timing's per-state line (its
+        ``CycleTiming.states_summary``; the worker's timing exists from its first timed decode step)."""
+        timing = self.__dict__.get("_cycle_timing")
+        if timing is not None:
+            timing.state = state
 
     def _next_ab_arm(self) -> None:
         """An A/B inside this server (config.AB_STEPS_ENV): the decode step about to run has its feature
@@ -1011,6 +1019,8 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
             self._unattributed_verifies += 1
         draft_worker.fill_kv_only = not resume
         self.steps_in_force[self.speculative_num_steps] += 1
+        if cycle_timing.ACTIVE:  # (diagnostics) the cycle timing's per-state line: this step's state
+            self._label_cycle(f"steps{self.speculative_num_steps}{'-resume' if resume else ''}")
         if self.cost_policy is not None and self.cost_policy.costs is None and not self._policy_checked:
             self._policy_checked = True
             message = (f"{ALGORITHM_NAME}: the cost-aware adaptive policy has no costs at the first decode step "

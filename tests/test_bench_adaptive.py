@@ -506,8 +506,8 @@ def test_rotate_cores_turns_the_servers_shares_before_each_run(tmp_path, monkeyp
 
 def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_path, monkeypatch):
     """Each row of an adaptive server carries ``policy``: its steps in force, how its steps 0 ran (plain steps, those
-    from the target graph's epilogue, resumes) and the cost policy's switches, rates, rests and their spreads, read
-    from ``/server_info`` after the batch; other servers' rows carry none."""
+    from the target graph's epilogue, resumes) and the cost policy's switches, rates, graph replays, rests and their
+    spreads, read from ``/server_info`` after the batch; other servers' rows carry none."""
     from sgl_eagle_triton.off_route import NONSPEC_STEP
     from sgl_eagle_triton.off_step import PLAIN_OFF_STEP
     from sgl_eagle_triton.worker import GRAPH_EPILOGUE
@@ -523,7 +523,8 @@ def test_rows_of_adaptive_servers_keep_what_the_policy_chose_and_its_prices(tmp_
                                             "steps_0": {"plain": 5, "graph_epilogue": 4, "resumes": 2,
                                                                 "held": 3},
                                             "switches": 3, "depth_rates": [0.5],
-                                            "rest_ms": {"0,1": 1.5}, "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}}] * 2
+                                            "replay_ms": {"0,1": 0.1}, "rest_ms": {"0,1": 1.5},
+                                            "rest_spread_ms": {"0,1": [1.4, 1.8, 32]}}] * 2
     sglang_policy = ServerLog(state={"eagle_triton": {"adaptive_steps_in_force": {"3": 7}}}).server_class()(
         "eagle_triton_adaptive", "m", [], "w")  # SGLang's policy, no steps 0 run yet
     assert adaptive.policy_state(sglang_policy) == {"steps_in_force": {"3": 7},
@@ -568,6 +569,32 @@ def test_rows_of_servers_running_an_ab_inside_themselves_carry_their_arms(tmp_pa
     fake = servers.server_class()("eagle_triton", "m", [], "w")
     assert adaptive.arms_state(fake, seen) is not None and adaptive.arms_state(fake, seen) is None  # nothing new
     assert adaptive.arms_state(ServerLog().server_class()("nospec", "m", [], "w"), {}) is None
+
+
+def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, monkeypatch):
+    """Servers whose worker the cycle timing times: each row carries ``states`` from the per-state lines its log
+    gained during that batch (rank 0's; the steps-weighted mean period), and the report lists each state's period
+    beside the cost policy's price of it at the batch (replay + rest); a log without such lines gives none."""
+    line = ("EAGLE_TRITON cycle timing states, rank {rank}: steps0-held: host period {held} ms, in forward 0.900 ms, "
+            "gpu step 0.300 ms, {n} steps ; steps5: host period 3.000 ms, in forward 2.000 ms, gpu step 1.000 ms, "
+            "10 steps")
+    text = "\n".join([line.format(rank=0, held="1.500", n=30), line.format(rank=0, held="2.100", n=10),
+                      line.format(rank=1, held="9.000", n=40)])
+    state = {"eagle_triton": {"adaptive_steps_in_force": {"0": 40, "5": 20},
+                              "adaptive_policy": {"replay_ms": {"0,1": 0.3, "5,1": 0.6},
+                                                  "rest_ms": {"0,1": 2.1, "5,1": 2.5}}}}
+    servers = ServerLog(state=state, log_text=text)
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
+    states = rows[0]["states"]
+    assert states["steps0-held"] == {"steps": 40, "lines": 2, "host_period": 1.65, "host_in_forward": 0.9}
+    assert states["steps5"]["host_period"] == 3.0 and states["steps5"]["steps"] == 20
+    assert "Cycles by state" in report and "| steps0-held | 40 | 1.650 | 0.900 | 2.400 |" in report
+    assert "| steps5 | 20 | 3.000 | 2.000 | 3.100 |" in report
+    seen = {}
+    fake = servers.server_class()("eagle_triton_cost", "m", [], "w")
+    assert adaptive.states_state(fake, seen) is not None and adaptive.states_state(fake, seen) is None  # nothing new
+    assert adaptive.states_state(ServerLog().server_class()("nospec", "m", [], "w"), {}) is None
 
 
 def test_the_report_states_the_issues_targets_run_by_run():

@@ -439,6 +439,33 @@ def test_an_ab_inside_one_server_times_each_arm_apart():
     assert len(logged) == 1  # no arms: no arms line
 
 
+def test_an_adaptive_servers_steps_are_timed_by_state_beside_its_ab_arms():
+    """The worker's state labels (``state``: "steps0-held", "steps5"): each state's own line after each summary, its
+    period the one its step began (as an arm's), read back by parse_arm_summaries(states=True) and not taken for an
+    A/B's arms; an A/B's arms line keeps its own labels when both run."""
+    from sgl_eagle_triton.cycle_timing import parse_arm_summaries
+
+    gpu, host, logged = FakeGpu(), [0.0], []
+    timing = CycleTiming(6, event=gpu.event, clock=lambda: host[0] / 1e3, log=logged.append)
+    gpu.done = 1e9
+    for i in range(7):  # three held steps (1 ms to launch, 2 ms after), then three at steps 5 (4 ms, 2 ms after)
+        timing.state = "steps0-held" if i < 3 else "steps5"
+        timing.arm = "on" if i % 2 == 0 else "off"
+        launch_ms = 1.0 if i < 3 else 4.0
+
+        def launch(ms=launch_ms):
+            host[0] += ms
+
+        timing.step(launch)
+        host[0] += 2.0
+    states = [line for line in logged if "cycle timing states" in line]
+    assert states == ["EAGLE_TRITON cycle timing states, rank 0: steps0-held: host period 3.000 ms, in forward "
+                      "1.000 ms, gpu step 0.000 ms, 3 steps ; steps5: host period 6.000 ms, in forward 4.000 ms, "
+                      "gpu step 0.000 ms, 3 steps"]  # (the third held step's period ends at the first steps-5 call)
+    parsed = parse_arm_summaries("\n".join(logged), states=True)
+    assert parsed[0]["arms"]["steps5"] == {"steps": 3, "host_in_forward": 4.0, "gpu_step": 0.0, "host_period": 6.0}
+    assert set(parse_arm_summaries("\n".join(logged))[0]["arms"]) == {"on", "off"}  # the A/B's line, its own arms
+
 _FAKE_SCHEDULER = '''
 def leaf():
     return 1

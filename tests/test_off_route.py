@@ -279,8 +279,10 @@ def test_a_held_batch_enters_its_step_directly_unless_an_instrument_times_it(mon
     w._nonspec_step = lambda batch: "held step"
     batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, is_extend_in_batch=False,
                             forward_mode=schedule_batch.ForwardMode.DECODE)
+    w.__dict__["_cycle_timing"] = timing = SimpleNamespace(state="steps0")  # (labelled at the preparation)
     assert w.forward_batch_generation(batch) == "held step"
     assert timed == ([True] if instrument else []) and not w._decided_at_prep and w._plain_inflight is None
+    assert timing.state == ("steps0-held" if instrument else "steps0")  # the cycle timing's per-state line
 
 
 @pytest.mark.parametrize("past", [1, 3])

@@ -142,6 +142,25 @@ def test_off_fills_the_draft_kv_and_resumes_through_one_full_extend():
     assert w.resumes == 2 and w.kernel_report()["adaptive_resumes"] == 2 and forgotten == [0, 0]
 
 
+@pytest.mark.parametrize("instrument", [False, True])
+def test_the_cycle_timing_is_told_each_steps_state(monkeypatch, instrument):
+    """Under the cycle timing (diagnostics) every decode step's state is labelled on the worker's timing as it is put
+    in force (a resume from steps 0 apart; off_route's held step "steps0-held", test_off_route), for its per-state
+    lines; without the instrument nothing is touched."""
+    from sgl_eagle_triton import cycle_timing
+
+    monkeypatch.setattr(cycle_timing, "ACTIVE", instrument)
+    w = _adaptive_worker([0, 3])
+    want = iter([0, 0, 3, 3])
+    w.adaptive_controller.params.get_steps_for_batch = lambda bs: next(want)
+    timing = w.__dict__["_cycle_timing"] = SimpleNamespace(state="")
+    labels = []
+    for _ in range(4):
+        _run_steps(w, 1)
+        labels.append(timing.state)
+    assert labels == (["steps0", "steps0", "steps0-resume", "steps3"] if instrument else [""] * 4)
+
+
 def test_cycle_knob_runs_every_candidate_with_off_filling_the_kv():
     w = _adaptive_worker([0, 1, 3, 7])
     w._cycle_knob = True
