@@ -93,7 +93,8 @@ class CycleTiming:
         self.profile_top = profile_top
         self.profiler = cProfile.Profile() if profile_top else None
         self.event = event or _cuda_event
-        self.pending: deque = deque()  # (host enter, host exit, start event, end event, paired with the one before)
+        self.pending: deque = deque()  # (host enter, host exit, start event, end event, paired with the one before,
+        # arm, state)
         self.last: tuple | None = None  # the last completed step
         self.sums = dict(host_period=0.0, host_in_forward=0.0, gpu_step=0.0, gpu_idle=0.0)
         self.counts = dict(paired=0, steps=0)
