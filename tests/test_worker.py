@@ -13,6 +13,7 @@ import sglang
 import torch
 from sglang.srt.speculative import eagle_utils, eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sgl_eagle_triton import config, plugin, verify, worker
 from sgl_eagle_triton.devtools.testing import random_batch, random_draft
@@ -1154,3 +1155,58 @@ def test_a_chain_lean_draft_leaves_the_batchs_sequence_lengths_alone(fresh_count
     for tree in built:
         assert all(torch.equal(t, e) for t, e in zip(tree, expected[:3], strict=True))
     assert len(built) == 2 and dw._lean_graphs[dw.drafter_shape()].replays == 1
+
+
+def test_the_cost_policy_prices_held_steps_0_at_the_held_steps_cycle(monkeypatch):
+    """Under the non-speculative route (off_route) the cost policy times each decode step at the batch's preparation:
+    in a server that drafts at 5, moves to steps 0 (one plain step on the speculative path, then held steps), probes
+    back and returns, steps 0's learnt rest is the held iteration's period less its graph, and the drafting state's
+    its own (scheduler iterations of known length: held 1.9 ms, drafting 3.2 ms, the transitions 2.6 ms; the result
+    of each step processed after the next one's launch, as SGLang's overlap loop does)."""
+    from sgl_eagle_triton.adaptive import CostAwarePolicy, CycleCost
+    from sgl_eagle_triton.glue import nonspec
+
+    eagle = SpeculativeAlgorithm.EAGLE
+    now = [0.0]
+    w = _adaptive_worker([0, 5])
+    w.speculative_num_steps = 5
+    policy = CostAwarePolicy([0, 5], 5, clock=lambda: now[0], probe=(64, 1024, 4), reprice=None)
+    policy.set_costs(CycleCost({(0, 4): 0.3, (5, 4): 0.6}))
+    w.adaptive_controller.params = w.cost_policy = policy
+    w.nonspec_on, w._ab_steps, w._nonspec_paused, w._plain_inflight, w._algorithm = True, 0, False, None, None
+    monkeypatch.setattr(nonspec, "enter", lambda batch: setattr(batch, "spec_algorithm", nonspec.NO_SPEC))
+    monkeypatch.setattr(nonspec, "leave", lambda batch, algorithm, stubs: setattr(batch, "spec_algorithm", algorithm))
+    monkeypatch.setattr(nonspec, "can_stay", lambda batch: True)
+    monkeypatch.setattr(nonspec, "trim", lambda batch: None)
+    monkeypatch.setattr(nonspec, "feed_metrics", lambda processor, batch: None)
+    w._draft_worker.stubs_of = lambda batch: (None, None, None)
+    reqs = [object() for _ in range(4)]
+
+    def plain_or_draft(batch, **_):  # the worker's step: a plain step at 0 (its fill leaves the draft stale)
+        w._decided_at_prep = False
+        plain = w.speculative_num_steps == 0 and w.draft_worker.fill_kv_only
+        w._plain_inflight = reqs if plain else None
+        w.draft_worker.draft_stale = plain
+        return "plain" if plain else "draft"
+
+    w._decode_step, w.plain_off = plain_or_draft, SimpleNamespace()
+    w._nonspec_step = lambda batch: plain_or_draft(batch) and "held"
+    batch = SimpleNamespace(reqs=reqs, spec_algorithm=eagle, seq_lens=torch.zeros(4), seq_lens_cpu=None,
+                            return_logprob=False, return_hidden_states=False, has_grammar=False, is_extend_in_batch=False,
+                            forward_mode=SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False))
+    in_flight, ran = None, []
+    for _ in range(400):
+        w.prepare_decode(lambda b: None, batch)  # the policy's clock read here
+        kind = w.forward_batch_generation(batch)
+        ran.append(kind)
+        if in_flight is not None:  # the step before's result, after this step's launch
+            if in_flight == "held":
+                w.feed_nonspec_step(SimpleNamespace(), batch)
+            else:
+                w.on_verify_complete_cpu([0] * 4, 4)  # nothing accepted: steps 0 is worth more
+        in_flight = kind
+        transition = len(ran) > 1 and ran[-2] != kind
+        now[0] += (2.6 if transition else {"held": 1.9, "plain": 1.9, "draft": 3.2}[kind]) / 1e3
+    assert ran.count("held") > 300 and "plain" in ran and policy.probes >= 1
+    assert policy.costs.rest[0, 4] == pytest.approx(1.9 - 0.3, abs=0.05)
+    assert policy.costs.rest[5, 4] == pytest.approx(3.2 - 0.6, abs=0.2)
