@@ -1192,7 +1192,8 @@ def test_the_cost_policy_prices_held_steps_0_at_the_held_steps_cycle(monkeypatch
     w._decode_step, w.plain_off = plain_or_draft, SimpleNamespace()
     w._nonspec_step = lambda batch: plain_or_draft(batch) and "held"
     batch = SimpleNamespace(reqs=reqs, spec_algorithm=eagle, seq_lens=torch.zeros(4), seq_lens_cpu=None,
-                            return_logprob=False, return_hidden_states=False, has_grammar=False, is_extend_in_batch=False,
+                            return_logprob=False, return_hidden_states=False, has_grammar=False,
+                            is_extend_in_batch=False,
                             forward_mode=SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False))
     in_flight, ran = None, []
     for _ in range(400):
