@@ -521,8 +521,8 @@ def states_state(server, seen: dict) -> dict | None:
 def states_section(rows: list[dict]) -> str:
     """Markdown: rows whose server logged the cycle timing per state (``states``): each state's steps, host period and
     time in ``forward_batch_generation``, beside the cost policy's price of that state's cycle at the batch (its
-    graphs' replay + its learnt rest outside them: ``policy.replay_ms`` + ``policy.rest_ms``, where it has both);
-    "" without any."""
+    graphs' replay + its learnt rest outside them: ``policy.replay_ms`` + ``policy.rest_ms``, where it has both; none
+    beside ``steps0-resume``, a step the policy does not time); "" without any."""
     timed = [r for r in rows if r.get("states")]
     if not timed:
         return ""
@@ -533,7 +533,8 @@ def states_section(rows: list[dict]) -> str:
     for r in sorted(timed, key=lambda r: (r["batch"], r["system"])):
         policy = r.get("policy") or {}
         for state, s in r["states"].items():
-            key = f"{state.removeprefix('steps').split('-')[0]},{r['batch']}"
+            steps, _, kind = state.removeprefix("steps").partition("-")
+            key = None if kind == "resume" else f"{steps},{r['batch']}"  # (the policy times no resume step)
             replay, rest = (policy.get("replay_ms") or {}).get(key), (policy.get("rest_ms") or {}).get(key)
             price = "-" if replay is None or rest is None else f"{replay + rest:.3f}"
             period = "-" if s["host_period"] is None else f"{s['host_period']:.3f}"

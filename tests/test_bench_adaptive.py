@@ -577,7 +577,7 @@ def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, m
     beside the cost policy's price of it at the batch (replay + rest); a log without such lines gives none."""
     line = ("EAGLE_TRITON cycle timing states, rank {rank}: steps0-held: host period {held} ms, in forward 0.900 ms, "
             "gpu step 0.300 ms, {n} steps ; steps5: host period 3.000 ms, in forward 2.000 ms, gpu step 1.000 ms, "
-            "10 steps")
+            "10 steps ; steps0-resume: host period 4.000 ms, in forward 3.000 ms, gpu step 1.000 ms, 2 steps")
     text = "\n".join([line.format(rank=0, held="1.500", n=30), line.format(rank=0, held="2.100", n=10),
                       line.format(rank=1, held="9.000", n=40)])
     state = {"eagle_triton": {"adaptive_steps_in_force": {"0": 40, "5": 20},
@@ -591,6 +591,7 @@ def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, m
     assert states["steps5"]["host_period"] == 3.0 and states["steps5"]["steps"] == 20
     assert "Cycles by state" in report and "| steps0-held | 40 | 1.650 | 0.900 | 2.400 |" in report
     assert "| steps5 | 20 | 3.000 | 2.000 | 3.100 |" in report
+    assert "| steps0-resume | 4 | 4.000 | 3.000 | - |" in report  # a step the policy does not time: no price
     seen = {}
     fake = servers.server_class()("eagle_triton_cost", "m", [], "w")
     assert adaptive.states_state(fake, seen) is not None and adaptive.states_state(fake, seen) is None  # nothing new
