@@ -497,7 +497,9 @@ def states_state(server, seen: dict) -> dict | None:
     (SGLANG_EAGLE_TRITON_CYCLE_TIMING without the scheduler-only scope): rank 0's per-state lines
     (``CycleTiming.states_summary``) its log gained since the last call (``seen``: lines already read, by server
     name); per state the decode steps it ran and, weighted by each line's steps, the mean host period and host time
-    in ``forward_batch_generation`` (ms); None without new lines."""
+    in ``forward_batch_generation`` (ms), and where the lines give them the median period (``median_period``, ms) and
+    the share of the period's time in pauses (``paused``: the cost policy's pause rule; weighted by each line's period
+    time); None without new lines."""
     from sgl_eagle_triton.cycle_timing import parse_arm_summaries
 
     lines = [line for line in server.log().splitlines() if "cycle timing states" in line]
@@ -515,6 +517,13 @@ def states_state(server, seen: dict) -> dict | None:
                       "host_period": round(sum(r["host_period"] * r["steps"] for r in timed) / weight, 3)
                       if weight else None,
                       "host_in_forward": round(sum(r["host_in_forward"] * r["steps"] for r in ran) / steps, 3)}
+        spread = [r for r in timed if "median_period" in r]
+        if spread:
+            time_ms = sum(r["host_period"] * r["steps"] for r in spread)
+            out[state]["median_period"] = round(sum(r["median_period"] * r["steps"] for r in spread)
+                                                / sum(r["steps"] for r in spread), 3)
+            paused = sum(r["paused"] * r["host_period"] * r["steps"] for r in spread)
+            out[state]["paused"] = round(paused / time_ms, 3) if time_ms > 0 else 0.0
     return out
 
 
@@ -527,9 +536,13 @@ def states_section(rows: list[dict]) -> str:
     if not timed:
         return ""
     lines = ["", "Cycles by state (the cycle timing's per-state lines, steps-weighted means over the batch's runs; "
-             "host ms; policy price: the cost policy's cycle there, graphs' replay + learnt rest):", "",
-             "| batch | system | state | steps | host period | in forward | policy price |",
-             "|---|---|---|---|---|---|---|"]
+             "host ms; median: the lines' median periods; in pauses: the share of the period's time in periods over "
+             "the cost policy's pause rule, 2x the median + 1 ms, which it leaves out of a price; policy price: the "
+             "cost policy's cycle there, graphs' replay + learnt rest; timed / dropped: the cycles it timed there "
+             "and dropped as pauses):", "",
+             "| batch | system | state | steps | host period | median | in pauses | in forward | policy price | "
+             "timed / dropped |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(timed, key=lambda r: (r["batch"], r["system"])):
         policy = r.get("policy") or {}
         for state, s in r["states"].items():
@@ -538,8 +551,12 @@ def states_section(rows: list[dict]) -> str:
             replay, rest = (policy.get("replay_ms") or {}).get(key), (policy.get("rest_ms") or {}).get(key)
             price = "-" if replay is None or rest is None else f"{replay + rest:.3f}"
             period = "-" if s["host_period"] is None else f"{s['host_period']:.3f}"
-            lines.append(f"| {r['batch']} | {label(r)} | {state} | {s['steps']} | {period} | "
-                         f"{s['host_in_forward']:.3f} | {price} |")
+            median = f"{s['median_period']:.3f}" if "median_period" in s else "-"
+            paused = f"{s['paused']:.3f}" if "paused" in s else "-"
+            timed_dropped = (policy.get("timed_dropped") or {}).get(key)
+            counts = "-" if timed_dropped is None else f"{timed_dropped[0]} / {timed_dropped[1]}"
+            lines.append(f"| {r['batch']} | {label(r)} | {state} | {s['steps']} | {period} | {median} | {paused} | "
+                         f"{s['host_in_forward']:.3f} | {price} | {counts} |")
     return "\n".join(lines) + "\n"
 
 
@@ -750,7 +767,8 @@ def row(system: str, shape, batch: int, meta: dict, attention: str, result: dict
 
 
 # of the cost policy's report, kept in rows
-POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "replay_ms", "rest_ms", "rest_spread_ms")
+POLICY_KEYS = ("switches", "probes", "reprices", "depth_rates", "replay_ms", "rest_ms", "rest_spread_ms",
+               "timed_dropped")
 
 
 def policy_state(server) -> dict | None:

@@ -292,6 +292,10 @@ class TreeEvidence:
 
 
 RECENT = 32  # rests kept per (steps, bucket) for the report's spread
+# a decode cycle longer than PAUSE_FACTOR x the expected cycle + PAUSE_MS is a pause (a prefill or a stall between two
+# steps): CycleCost drops it from a state's price; the cycle timing's per-state line gives the share of a state's time
+# in such periods, with the state's median period as its expected cycle
+PAUSE_FACTOR, PAUSE_MS = 2.0, 1.0
 
 
 class CycleCost:
@@ -314,6 +318,8 @@ class CycleCost:
         self.rest: dict[tuple[int, int], float] = {}  # (steps, bucket) -> ms of the cycle outside the graphs (EMA)
         self._early: dict[tuple[int, int], list[float]] = {}  # a state's first samples at a bucket
         self._recent: dict[tuple[int, int], deque] = {}  # its last RECENT rests there (the report's spread)
+        self.timed: dict[tuple[int, int], int] = {}  # (steps, bucket) -> cycles timed there, pauses included
+        self.dropped: dict[tuple[int, int], int] = {}  # ... of them dropped as pauses
 
     def counted(self, steps: int, bucket: int) -> bool:
         """Whether the state's rest at ``bucket`` rests on ``first`` cycles."""
@@ -342,6 +348,7 @@ class CycleCost:
         key = (steps, self.bucket(batch_size))
         graphs = self.graphs_ms(steps, batch_size)
         rest = max(wall_ms - graphs, 0.0)
+        self.timed[key] = self.timed.get(key, 0) + 1
         early = self._early.setdefault(key, [])
         recent = self._recent.setdefault(key, deque(maxlen=RECENT))
         if len(early) < self.first:  # the lower median of the first samples (one may be a pause: measured 90 ms
@@ -352,7 +359,8 @@ class CycleCost:
         old = self.rest.get(key)
         # a prefill or a pause fell between the two steps: over twice the expected cycle (not a multiple of the rest
         # alone: a rest learnt as 0 would then drop every later sample above 1 ms and stay 0 for good)
-        if old is not None and wall_ms > 2 * (graphs + old) + 1.0:
+        if old is not None and wall_ms > PAUSE_FACTOR * (graphs + old) + PAUSE_MS:
+            self.dropped[key] = self.dropped.get(key, 0) + 1
             return False
         recent.append(rest)
         self.rest[key] = rest if old is None else (1 - self.alpha) * old + self.alpha * rest
@@ -710,6 +718,9 @@ class CostAwarePolicy:
             out["rest_ms"] = {f"{s},{bs}": round(ms, 3) for (s, bs), ms in sorted(self.costs.rest.items())}
             out["rest_spread_ms"] = {f"{s},{bs}": [round(low, 3), round(high, 3), n]
                                      for (s, bs), (low, high, n) in sorted(self.costs.spread().items())}
+            # per (steps, bucket): cycles timed and how many of them were dropped as pauses (not in the price)
+            out["timed_dropped"] = {f"{s},{bs}": [n, self.costs.dropped.get((s, bs), 0)]
+                                    for (s, bs), n in sorted(self.costs.timed.items())}
         return out
 
 

@@ -73,6 +73,7 @@ import re
 import time
 from collections import deque
 
+from sgl_eagle_triton.adaptive import PAUSE_FACTOR, PAUSE_MS
 from sgl_eagle_triton.config import CYCLE_PROFILE_DIR_ENV
 from sgl_eagle_triton.glue.args import settings
 from sgl_eagle_triton.glue.hooks import tp_rank_of
@@ -158,6 +159,8 @@ class CycleTiming:
                         sums = _label_sums(table, label)
                         sums["paired"] += 1
                         sums["host_period"] += period
+                        if table is self.states:  # a state's periods one by one: its median and pauses
+                            sums.setdefault("periods", []).append(period)
             self.last = (enter, leave, start, end, arm, state)
             if self.counts["steps"] >= self.every:
                 self.log(self.summary())
@@ -187,7 +190,7 @@ class CycleTiming:
         """One line for the adaptive states the steps since the last summary ran in (``state``: the worker's label),
         each as an arm of :meth:`arms_summary`: what a state's cycle costs as the server runs it, beside the price the
         cost policy learnt for it (its ``rest_ms`` + ``replay_ms``)."""
-        return f"{self.name} cycle timing states, rank {self.rank}: {_labels_text(self.states)}"
+        return f"{self.name} cycle timing states, rank {self.rank}: {_labels_text(self.states, spread=True)}"
 
     def summary(self) -> str:
         steps, paired = max(self.counts["steps"], 1), self.counts["paired"]
@@ -205,13 +208,29 @@ def _label_sums(table: dict, label: str) -> dict:
     return table.setdefault(label, dict(steps=0, paired=0, host_in_forward=0.0, gpu_step=0.0, host_period=0.0))
 
 
-def _labels_text(table: dict) -> str:
-    """Per label (an arm, a state): its mean host period (from each of its steps to the next step), host time in
-    ``forward_batch_generation``, GPU step span and steps, ``" ; "``-joined."""
+def pause_share(periods: list[float]) -> tuple[float, float]:
+    """The median of ``periods`` (ms) and the share of their sum in pauses: periods longer than the cost policy's
+    pause rule (``adaptive.PAUSE_FACTOR`` x the median + ``adaptive.PAUSE_MS``), which it drops from a state's
+    price."""
+    ordered = sorted(periods)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    limit = PAUSE_FACTOR * median + PAUSE_MS
+    total = sum(ordered)
+    return median, (sum(p for p in ordered if p > limit) / total if total > 0 else 0.0)
+
+
+def _labels_text(table: dict, spread: bool = False) -> str:
+    """Per label (an arm, a state): its mean host period (from each of its steps to the next step; ``spread``: with
+    the median and the share in pauses, :func:`pause_share`), host time in ``forward_batch_generation``, GPU step
+    span and steps, ``" ; "``-joined."""
 
     def text(label, sums):
         steps, paired = max(sums["steps"], 1), sums["paired"]
         period = f"{sums['host_period'] / paired:.3f} ms" if paired else "n/a"
+        if spread and sums.get("periods"):
+            median, paused = pause_share(sums["periods"])
+            period += f" (median {median:.3f} ms, {paused:.3f} in pauses)"
         return (f"{label}: host period {period}, in forward {sums['host_in_forward'] / steps:.3f} ms, gpu step "
                 f"{sums['gpu_step'] / steps:.3f} ms, {sums['steps']} steps")
 
@@ -431,20 +450,25 @@ def parse_summaries(text: str) -> list[dict]:
 
 _ARMS_SUMMARY = re.compile(r"(?P<name>\S+) cycle timing arms, rank (?P<rank>\d+): (?P<arms>.*)")
 _STATES_SUMMARY = re.compile(r"(?P<name>\S+) cycle timing states, rank (?P<rank>\d+): (?P<arms>.*)")
-_ARM = re.compile(r"(?P<arm>[\w-]+): host period (?P<host_period>n/a|[\d.]+ ms), in forward "
+_ARM = re.compile(r"(?P<arm>[\w-]+): host period (?P<host_period>n/a|[\d.]+ ms)"
+                  r"(?: \(median (?P<median>[\d.]+) ms, (?P<paused>[\d.]+) in pauses\))?, in forward "
                   r"(?P<host_in_forward>[\d.]+) ms, gpu step (?P<gpu_step>[\d.]+) ms, (?P<steps>\d+) steps")
 
 
 def parse_arm_summaries(text: str, states: bool = False) -> list[dict]:
     """Every :meth:`CycleTiming.arms_summary` line in ``text`` (``states``: every :meth:`CycleTiming.states_summary`
     line, its states as arms): ``name``, ``rank`` and ``arms``: {arm: {``steps``, ``host_period`` (None where n/a),
-    ``host_in_forward``, ``gpu_step`` in ms}}."""
+    ``host_in_forward``, ``gpu_step`` in ms; a state's also ``median_period`` (ms) and ``paused`` (the share of its
+    periods' time in pauses) where its line gives them}}."""
     rows = []
     for m in (_STATES_SUMMARY if states else _ARMS_SUMMARY).finditer(text):
-        arms = {a["arm"]: dict(steps=int(a["steps"]), host_in_forward=float(a["host_in_forward"]),
-                               gpu_step=float(a["gpu_step"]),
-                               host_period=None if a["host_period"] == "n/a" else float(a["host_period"][:-3]))
-                for a in _ARM.finditer(m["arms"])}
+        arms = {}
+        for a in _ARM.finditer(m["arms"]):
+            arms[a["arm"]] = dict(steps=int(a["steps"]), host_in_forward=float(a["host_in_forward"]),
+                                  gpu_step=float(a["gpu_step"]),
+                                  host_period=None if a["host_period"] == "n/a" else float(a["host_period"][:-3]))
+            if a["median"] is not None:
+                arms[a["arm"]].update(median_period=float(a["median"]), paused=float(a["paused"]))
         rows.append(dict(name=m["name"], rank=int(m["rank"]), arms=arms))
     return rows
 

@@ -75,6 +75,8 @@ def test_cycle_cost_pads_to_captured_sizes_and_learns_the_rest_of_the_cycle():
     assert c.rest[0, 64] == 1.0 and c.rest[3, 64] == 3.0  # each state its own rest
     # the report's spread: the least and largest rests counted (the dropped prefill not among them), how many
     assert c.spread() == {(3, 64): (2.0, 90.0, 4), (0, 64): (1.0, 1.0, 1)}
+    # every cycle timed, and those dropped as pauses (the early 108 ms one was counted, inside the first median)
+    assert c.timed == {(3, 64): 5, (0, 64): 1} and c.dropped == {(3, 64): 1}
     for _ in range(40):
         c.observe_cycle(3, 64, 21.0)
     assert c.spread()[3, 64] == (3.0, 3.0, 32)  # the last 32

@@ -575,23 +575,30 @@ def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, m
     """Servers whose worker the cycle timing times: each row carries ``states`` from the per-state lines its log
     gained during that batch (rank 0's; the steps-weighted mean period), and the report lists each state's period
     beside the cost policy's price of it at the batch (replay + rest); a log without such lines gives none."""
-    line = ("EAGLE_TRITON cycle timing states, rank {rank}: steps0-held: host period {held} ms, in forward 0.900 ms, "
-            "gpu step 0.300 ms, {n} steps ; steps5: host period 3.000 ms, in forward 2.000 ms, gpu step 1.000 ms, "
-            "10 steps ; steps0-resume: host period 4.000 ms, in forward 3.000 ms, gpu step 1.000 ms, 2 steps")
-    text = "\n".join([line.format(rank=0, held="1.500", n=30), line.format(rank=0, held="2.100", n=10),
-                      line.format(rank=1, held="9.000", n=40)])
+    line = ("EAGLE_TRITON cycle timing states, rank {rank}: steps0-held: host period {held} ms (median {median} ms, "
+            "{paused} in pauses), in forward 0.900 ms, gpu step 0.300 ms, {n} steps ; steps5: host period 3.000 ms, "
+            "in forward 2.000 ms, gpu step 1.000 ms, 10 steps ; steps0-resume: host period 4.000 ms, in forward "
+            "3.000 ms, gpu step 1.000 ms, 2 steps")
+    text = "\n".join([line.format(rank=0, held="1.500", median="1.400", paused="0.000", n=30),
+                      line.format(rank=0, held="2.100", median="1.600", paused="0.200", n=10),
+                      line.format(rank=1, held="9.000", median="9.000", paused="0.900", n=40)])
     state = {"eagle_triton": {"adaptive_steps_in_force": {"0": 40, "5": 20},
                               "adaptive_policy": {"replay_ms": {"0,1": 0.3, "5,1": 0.6},
-                                                  "rest_ms": {"0,1": 2.1, "5,1": 2.5}}}}
+                                                  "rest_ms": {"0,1": 2.1, "5,1": 2.5},
+                                                  "timed_dropped": {"0,1": [35, 3], "5,1": [18, 0]}}}}
     servers = ServerLog(state=state, log_text=text)
     monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
     rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
     states = rows[0]["states"]
-    assert states["steps0-held"] == {"steps": 40, "lines": 2, "host_period": 1.65, "host_in_forward": 0.9}
+    # medians weighted by steps (1.4 x 30 + 1.6 x 10) / 40; pauses by period time 0.2 x 21 / (45 + 21)
+    assert states["steps0-held"] == {"steps": 40, "lines": 2, "host_period": 1.65, "host_in_forward": 0.9,
+                                     "median_period": 1.45, "paused": 0.064}
     assert states["steps5"]["host_period"] == 3.0 and states["steps5"]["steps"] == 20
-    assert "Cycles by state" in report and "| steps0-held | 40 | 1.650 | 0.900 | 2.400 |" in report
-    assert "| steps5 | 20 | 3.000 | 2.000 | 3.100 |" in report
-    assert "| steps0-resume | 4 | 4.000 | 3.000 | - |" in report  # a step the policy does not time: no price
+    assert "median_period" not in states["steps5"]  # its lines give no spread
+    assert "Cycles by state" in report
+    assert "| steps0-held | 40 | 1.650 | 1.450 | 0.064 | 0.900 | 2.400 | 35 / 3 |" in report
+    assert "| steps5 | 20 | 3.000 | - | - | 2.000 | 3.100 | 18 / 0 |" in report
+    assert "| steps0-resume | 4 | 4.000 | - | - | 3.000 | - | - |" in report  # the policy does not time it: no price
     seen = {}
     fake = servers.server_class()("eagle_triton_cost", "m", [], "w")
     assert adaptive.states_state(fake, seen) is not None and adaptive.states_state(fake, seen) is None  # nothing new

@@ -441,8 +441,9 @@ def test_an_ab_inside_one_server_times_each_arm_apart():
 
 def test_an_adaptive_servers_steps_are_timed_by_state_beside_its_ab_arms():
     """The worker's state labels (``state``: "steps0-held", "steps5"): each state's own line after each summary, its
-    period the one its step began (as an arm's), read back by parse_arm_summaries(states=True) and not taken for an
-    A/B's arms; an A/B's arms line keeps its own labels when both run."""
+    period the one its step began (as an arm's), with its median period and the share of its time in pauses (periods
+    over the cost policy's pause rule, 2x the median + 1 ms), read back by parse_arm_summaries(states=True) and not
+    taken for an A/B's arms; an A/B's arms line keeps its own labels (and no spread) when both run."""
     from sgl_eagle_triton.cycle_timing import parse_arm_summaries
 
     gpu, host, logged = FakeGpu(), [0.0], []
@@ -457,13 +458,18 @@ def test_an_adaptive_servers_steps_are_timed_by_state_beside_its_ab_arms():
             host[0] += ms
 
         timing.step(launch)
-        host[0] += 2.0
+        host[0] += 2.0 + (10.0 if i == 1 else 0.0)  # the second held step's period a 13 ms pause
     states = [line for line in logged if "cycle timing states" in line]
-    assert states == ["EAGLE_TRITON cycle timing states, rank 0: steps0-held: host period 3.000 ms, in forward "
-                      "1.000 ms, gpu step 0.000 ms, 3 steps ; steps5: host period 6.000 ms, in forward 4.000 ms, "
-                      "gpu step 0.000 ms, 3 steps"]  # (the third held step's period ends at the first steps-5 call)
+    assert states == ["EAGLE_TRITON cycle timing states, rank 0: steps0-held: host period 6.333 ms (median 3.000 ms, "
+                      "0.684 in pauses), in forward 1.000 ms, gpu step 0.000 ms, 3 steps ; steps5: host period 6.000 "
+                      "ms (median 6.000 ms, 0.000 in pauses), in forward 4.000 ms, gpu step 0.000 ms, 3 steps"]
+    # (the third held step's period ends at the first steps-5 call; 13 of the held periods' 19 ms in the pause)
     parsed = parse_arm_summaries("\n".join(logged), states=True)
-    assert parsed[0]["arms"]["steps5"] == {"steps": 3, "host_in_forward": 4.0, "gpu_step": 0.0, "host_period": 6.0}
+    assert parsed[0]["arms"]["steps5"] == {"steps": 3, "host_in_forward": 4.0, "gpu_step": 0.0, "host_period": 6.0,
+                                           "median_period": 6.0, "paused": 0.0}
+    assert parsed[0]["arms"]["steps0-held"]["median_period"] == 3.0
+    assert parsed[0]["arms"]["steps0-held"]["paused"] == 0.684
+    assert "median" not in next(line for line in logged if "cycle timing arms" in line)
     assert set(parse_arm_summaries("\n".join(logged))[0]["arms"]) == {"on", "off"}  # the A/B's line, its own arms
 
 _FAKE_SCHEDULER = '''

@@ -95,6 +95,7 @@ def test_a_prefill_between_decode_steps_is_not_timed_as_a_cycle(monkeypatch):
     # /server_info shows each rest and the spread of the rests it was learnt from
     report = w.cost_policy.report()
     assert report["rest_ms"] == {"3,1": 1.0} and report["rest_spread_ms"] == {"3,1": [1.0, 1.0, 1]}
+    assert report["timed_dropped"] == {"3,1": [1, 0]}  # one cycle timed (none dropped: the prefills broke the pairs)
 
 
 def test_adaptive_steps_follow_sglangs_controller_and_are_reported():
