@@ -34,7 +34,9 @@ each (EOS ignored), after one warm-up request and one warm-up batch (adaptive se
 batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``). An EAGLE_TRITON adaptive server's rows also
 keep what its policy chose and priced, read after the batch (row key ``policy``: :func:`policy_state`); under
 ``SGLANG_EAGLE_TRITON_CYCLE_TIMING`` (``--server-env``) each state's own cycle as the server ran it (row key ``states``:
-:func:`states_state`; the report's "Cycles by state", beside the cost policy's price of each).
+:func:`states_state`; the report's "Cycles by state", beside the cost policy's price of each), and under
+``--interleave`` each run's own per-state cycles and prices (row key ``run_cycles``: :func:`with_run_cycles`; the
+report's price over the period, run by run).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
 crashes at start otherwise; docs/design.md). Every server runs the triton attention backend unless
@@ -404,7 +406,7 @@ def report(rows: list[dict]) -> str:
             lines.append(f"| {acceptance} | {batch} | {label(r, len(cards) > 1)} | {r['tok_per_s']:.0f} | "
                          f"{r['accept_len']:.2f} | {vs_nospec} | {vs_best} | {gap} |")
     return ("\n".join(lines) + "\n" + targets_table(by_batch) + paired_table(by_batch) + arms_section(rows)
-            + states_section(rows))
+            + states_section(rows) + price_runs_section(rows))
 
 
 # the issue's targets (docs/off-step-design.md): (title, system, what it is measured against, floor)
@@ -525,6 +527,52 @@ def states_state(server, seen: dict) -> dict | None:
             paused = sum(r["paused"] * r["host_period"] * r["steps"] for r in spread)
             out[state]["paused"] = round(paused / time_ms, 3) if time_ms > 0 else 0.0
     return out
+
+
+def with_run_cycles(server, result: dict, seen: dict) -> dict:
+    """``result`` of one run of ``server`` (``--interleave``), with key ``cycles`` where the cycle timing's per-state
+    lines (``states``: :func:`states_state` of the lines its log gained since the last run; ``seen`` by server name) or
+    the cost policy's prices (``prices``: per "steps,bucket" its graphs' replay + learnt rest in ms at the run's end)
+    exist: each run's prices beside the periods the same run's cycles had (a spell of a slow host moves both; a price
+    at the end of a batch's runs beside the mean period of all of them does not compare)."""
+    cycles = {}
+    states = states_state(server, seen)
+    if states:
+        cycles["states"] = states
+    policy = policy_state(server) or {}
+    replay, rest = policy.get("replay_ms") or {}, policy.get("rest_ms") or {}
+    if rest:
+        cycles["prices"] = {key: round(replay[key] + ms, 3) for key, ms in rest.items() if key in replay}
+    if cycles:
+        result["cycles"] = cycles
+    return result
+
+
+def price_runs_section(rows: list[dict]) -> str:
+    """Markdown: per cost-policy row with per-run cycles (``run_cycles``: :func:`with_run_cycles`), each state's price
+    over the median period its cycles had in the same run, run by run (runs where the state ran and has a price),
+    with the geometric mean and its 90 % interval: 1.0 where the policy prices the state at its cycle; "" without
+    such rows."""
+    lines = []
+    for r in sorted(rows, key=lambda r: (r["batch"], r["system"])):
+        runs = r.get("run_cycles") or []
+        names = sorted({state for c in runs for state in c.get("states", {})})
+        for state in names:
+            steps, _, kind = state.removeprefix("steps").partition("-")
+            if kind == "resume":  # (a step the policy does not time)
+                continue
+            key = f"{steps},{r['batch']}"
+            # steps 0's price where it is held is the held cycles' (a step 0 on the speculative path: a turn into it)
+            pairs = [(c["prices"][key], c["states"][state]["median_period"]) for c in runs
+                     if key in c.get("prices", {}) and c.get("states", {}).get(state, {}).get("median_period")
+                     and not (state == "steps0" and "steps0-held" in c["states"])]
+            p = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+            if p:
+                lines.append(paired_line(f"{label(r)}: {state}", r["batch"], p))
+    if not lines:
+        return ""
+    return paired_section("the cost policy's price of a state at the run's end over the median period of the "
+                          "state's cycles in that run (the cycle timing's per-state lines)", "system: state", lines)
 
 
 def states_section(rows: list[dict]) -> str:
@@ -802,7 +850,7 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
     def is_cost(entry):
         return str(SYSTEMS[entry[0]][1]).startswith("cost")
 
-    started, rows, arm_lines, state_lines = [], [], {}, {}
+    started, rows, arm_lines, state_lines, run_lines = [], [], {}, {}, {}
     try:
         ready = bring_up([*([s] for s in servers if is_cost(s)), [s for s in servers if not is_cost(s)]], start,
                          verify_attention, started)
@@ -813,15 +861,18 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
             if args.round_robin:  # every server warmed up first, then N rounds a run: run r on rounds rN .. rN + N - 1
                 for entry in measurement_order(ready, i, 1):
                     warm_up(entry[2].url, batch, args.real_pair)
-                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: measure(
-                    server.url, n, args.real_pair, first_round=run * args.rounds_per_run, rounds=args.rounds_per_run,
-                    warm=False), before=rotate)
+                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: with_run_cycles(
+                    server, measure(server.url, n, args.real_pair, first_round=run * args.rounds_per_run,
+                                    rounds=args.rounds_per_run, warm=False), run_lines), before=rotate)
             else:
-                runs = measure_in_turn(ready, i, batch, args.repeats,
-                                       lambda server, n, run: measure(server.url, n, args.real_pair), before=rotate)
+                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: with_run_cycles(
+                    server, measure(server.url, n, args.real_pair), run_lines), before=rotate)
             for system, shape, server, attention in ready:
+                cycles = [r.pop("cycles", None) for r in runs[server.name]]
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),
                                       keep="tok_per_s")
+                if any(cycles):
+                    result["run_cycles"] = [c or {} for c in cycles]
                 if args.round_robin:
                     result["rounds"] = len(runs[server.name]) * args.rounds_per_run
                 rows.append(row(system, shape, batch, meta, attention, result, policy_state(server),

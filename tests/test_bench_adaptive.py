@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -603,6 +604,45 @@ def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, m
     fake = servers.server_class()("eagle_triton_cost", "m", [], "w")
     assert adaptive.states_state(fake, seen) is not None and adaptive.states_state(fake, seen) is None  # nothing new
     assert adaptive.states_state(ServerLog().server_class()("nospec", "m", [], "w"), {}) is None
+
+
+def test_each_run_keeps_its_prices_beside_its_own_cycles(tmp_path, monkeypatch):
+    """Under ``--interleave`` each run of a server whose worker the cycle timing times keeps the per-state lines its
+    log gained during that run and the cost policy's prices at the run's end (``run_cycles``), and the report gives
+    each state's price over the median period of the same run's cycles, run by run: a price learnt in a slow run is
+    compared with that run, not with the mean of the batch's runs."""
+    line = ("EAGLE_TRITON cycle timing states, rank 0: steps5: host period {median} ms (median {median} ms, 0.000 in "
+            "pauses), in forward 1.000 ms, gpu step 0.300 ms, 100 steps ; steps0-resume: host period 4.000 ms, in "
+            "forward 3.000 ms, gpu step 1.000 ms, 2 steps ; steps0-held: host period 1.500 ms (median 1.500 ms, 0.000 "
+            "in pauses), in forward 0.5 ms, gpu step 0.2 ms, 50 steps ; steps0: host period 3.000 ms (median 3.000 ms, "
+            "0.000 in pauses), in forward 1.0 ms, gpu step 0.3 ms, 2 steps")
+    state = {"eagle_triton": {"adaptive_steps_in_force": {"5": 100},
+                              "adaptive_policy": {"replay_ms": {"5,1": 0.5, "0,1": 0.2},
+                                                  "rest_ms": {"5,1": 0.0, "0,1": 1.3}}}}
+    servers = ServerLog(state=state, log_text="")
+    # the off server's runs: (price at the run's end, median period of the run's steps5 cycles)
+    runs = iter([(3.0, 2.5), (2.5, 2.0), (4.0, 3.2)])
+
+    def measure(url):
+        if url == "eagle_triton_off":
+            price, median = next(runs)
+            servers.log_text += line.format(median=f"{median:.3f}") + "\n"
+            state["eagle_triton"]["adaptive_policy"]["rest_ms"]["5,1"] = price - 0.5
+
+    monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc", measure=measure, repeats=3)
+    off = next(r for r in rows if r["system"] == "eagle_triton_off")
+    assert [c["prices"] for c in off["run_cycles"]] == [{"5,1": p, "0,1": 1.5} for p in (3.0, 2.5, 4.0)]
+    assert [c["states"]["steps5"]["median_period"] for c in off["run_cycles"]] == [2.5, 2.0, 3.2]
+    assert "cycles" not in off and off["runs"] == [1.0, 1.0, 1.0]  # (the combined row keeps no run's own)
+    # ratios 1.2 / 1.25 / 1.25: geometric mean 1.875 ** (1 / 3)
+    assert re.search(r"\| 1 \| eagle_triton_off[^|]*: steps5 \| 1\.20 / 1\.25 / 1\.25 \| 1\.233 \|", report)
+    after = report.split("price of a state at the run's end")[1]
+    assert "steps0-resume |" not in after  # not timed: no price
+    # steps 0's price is the held cycles' (1.5 / 1.5), not the turns' into it on the speculative path
+    assert re.search(r"eagle_triton_off[^|]*: steps0-held \| 1\.00 / 1\.00 / 1\.00 \|", after)
+    assert "steps0 |" not in after
+    assert "price of a state at the run's end" not in adaptive.report([{**r, "run_cycles": None} for r in rows])
 
 
 def test_the_report_states_the_issues_targets_run_by_run():
