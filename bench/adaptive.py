@@ -529,6 +529,13 @@ def states_state(server, seen: dict) -> dict | None:
     return out
 
 
+def run_with_cycles(server, seen: dict, run) -> dict:
+    """``run()`` (one measurement of ``server``) after the per-state lines its log holds are marked read in ``seen``
+    (those of start-up and warm-ups belong to no run), its result :func:`with_run_cycles`."""
+    states_state(server, seen)
+    return with_run_cycles(server, run(), seen)
+
+
 def with_run_cycles(server, result: dict, seen: dict) -> dict:
     """``result`` of one run of ``server`` (``--interleave``), with key ``cycles`` where the cycle timing's per-state
     lines (``states``: :func:`states_state` of the lines its log gained since the last run; ``seen`` by server name) or
@@ -861,12 +868,16 @@ def interleaved(servers: list[tuple], start, args, meta: dict, rotate=None) -> N
             if args.round_robin:  # every server warmed up first, then N rounds a run: run r on rounds rN .. rN + N - 1
                 for entry in measurement_order(ready, i, 1):
                     warm_up(entry[2].url, batch, args.real_pair)
-                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: with_run_cycles(
-                    server, measure(server.url, n, args.real_pair, first_round=run * args.rounds_per_run,
-                                    rounds=args.rounds_per_run, warm=False), run_lines), before=rotate)
+            for entry in ready:  # start-up's steps and the warm-ups' (round robin) belong to no batch's runs
+                states_state(entry[2], state_lines)
+            if args.round_robin:
+                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: run_with_cycles(
+                    server, run_lines, lambda: measure(server.url, n, args.real_pair, first_round=run
+                                                       * args.rounds_per_run, rounds=args.rounds_per_run, warm=False)),
+                    before=rotate)
             else:
-                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: with_run_cycles(
-                    server, measure(server.url, n, args.real_pair), run_lines), before=rotate)
+                runs = measure_in_turn(ready, i, batch, args.repeats, lambda server, n, run: run_with_cycles(
+                    server, run_lines, lambda: measure(server.url, n, args.real_pair)), before=rotate)
             for system, shape, server, attention in ready:
                 cycles = [r.pop("cycles", None) for r in runs[server.name]]
                 result = combine_runs(runs[server.name], mean=("tok_per_s", "accept_len"), longest=("longest_gap_ms",),

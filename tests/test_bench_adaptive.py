@@ -587,9 +587,15 @@ def test_rows_carry_each_states_cycle_beside_the_policys_price_of_it(tmp_path, m
                               "adaptive_policy": {"replay_ms": {"0,1": 0.3, "5,1": 0.6},
                                                   "rest_ms": {"0,1": 2.1, "5,1": 2.5},
                                                   "timed_dropped": {"0,1": [35, 3], "5,1": [18, 0]}}}}
-    servers = ServerLog(state=state, log_text=text)
+    startup = line.format(rank=0, held="90.000", median="90.000", paused="0.000", n=5)  # no batch's runs
+    servers = ServerLog(state=state, log_text=startup)
+
+    def measure(url):  # the lines are logged while the batch runs
+        if text not in servers.log_text:
+            servers.log_text += "\n" + text
+
     monkeypatch.setattr(adaptive, "timed_request", lambda url, prompt, **kw: None)
-    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc")
+    rows, report = _interleaved_sweep(tmp_path, monkeypatch, servers, "--freeze-gc", measure=measure)
     states = rows[0]["states"]
     # medians weighted by steps (1.4 x 30 + 1.6 x 10) / 40; pauses by period time 0.2 x 21 / (45 + 21)
     assert states["steps0-held"] == {"steps": 40, "lines": 2, "host_period": 1.65, "host_in_forward": 0.9,
@@ -619,7 +625,8 @@ def test_each_run_keeps_its_prices_beside_its_own_cycles(tmp_path, monkeypatch):
     state = {"eagle_triton": {"adaptive_steps_in_force": {"5": 100},
                               "adaptive_policy": {"replay_ms": {"5,1": 0.5, "0,1": 0.2},
                                                   "rest_ms": {"5,1": 0.0, "0,1": 1.3}}}}
-    servers = ServerLog(state=state, log_text="")
+    # start-up's warm-up steps (a state's first steps compile kernels): no run's
+    servers = ServerLog(state=state, log_text=line.format(median="900.000") + "\n")
     # the off server's runs: (price at the run's end, median period of the run's steps5 cycles)
     runs = iter([(3.0, 2.5), (2.5, 2.0), (4.0, 3.2)])
 
@@ -635,6 +642,7 @@ def test_each_run_keeps_its_prices_beside_its_own_cycles(tmp_path, monkeypatch):
     assert [c["prices"] for c in off["run_cycles"]] == [{"5,1": p, "0,1": 1.5} for p in (3.0, 2.5, 4.0)]
     assert [c["states"]["steps5"]["median_period"] for c in off["run_cycles"]] == [2.5, 2.0, 3.2]
     assert "cycles" not in off and off["runs"] == [1.0, 1.0, 1.0]  # (the combined row keeps no run's own)
+    assert off["states"]["steps5"]["steps"] == 300  # the batch's three runs, not start-up's line
     # ratios 1.2 / 1.25 / 1.25: geometric mean 1.875 ** (1 / 3)
     assert re.search(r"\| 1 \| eagle_triton_off[^|]*: steps5 \| 1\.20 / 1\.25 / 1\.25 \| 1\.233 \|", report)
     after = report.split("price of a state at the run's end")[1]
