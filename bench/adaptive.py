@@ -35,7 +35,7 @@ batches under ``MIN_REQUESTS`` run several rounds (row key ``rounds``). An EAGLE
 keep what its policy chose and priced, read after the batch (row key ``policy``: :func:`policy_state`); under
 ``SGLANG_EAGLE_TRITON_CYCLE_TIMING`` (``--server-env``) each state's own cycle as the server ran it (row key ``states``:
 :func:`states_state`; the report's "Cycles by state", beside the cost policy's price of each), and under
-``--interleave`` each run's own per-state cycles and prices (row key ``run_cycles``: :func:`with_run_cycles`; the
+``--interleave`` each run's own per-state cycles and prices (row key ``run_cycles``: :func:`run_with_cycles`; the
 report's price over the period, run by run).
 ``tok_per_s`` = the sum over requests of (output tokens - 1) / (last chunk - first chunk): the batch's decode
 rate once every request is past its prefill. Stock adaptive starts at its widest candidate (SGLang 0.5.17
@@ -530,18 +530,14 @@ def states_state(server, seen: dict) -> dict | None:
 
 
 def run_with_cycles(server, seen: dict, run) -> dict:
-    """``run()`` (one measurement of ``server``) after the per-state lines its log holds are marked read in ``seen``
-    (those of start-up and warm-ups belong to no run), its result :func:`with_run_cycles`."""
+    """The result of ``run()``, one run of ``server`` (``--interleave``), with key ``cycles`` where the cycle timing's
+    per-state lines (``states``: :func:`states_state` of the lines its log gained during the run; ``seen`` by server
+    name; the lines logged before it, start-up's and warm-ups', belong to no run) or the cost policy's prices
+    (``prices``: per "steps,bucket" its graphs' replay + learnt rest in ms at the run's end) exist: each run's prices
+    beside the periods the same run's cycles had (a spell of a slow host moves both; a price at the end of a batch's
+    runs beside the mean period of all of them does not compare)."""
     states_state(server, seen)
-    return with_run_cycles(server, run(), seen)
-
-
-def with_run_cycles(server, result: dict, seen: dict) -> dict:
-    """``result`` of one run of ``server`` (``--interleave``), with key ``cycles`` where the cycle timing's per-state
-    lines (``states``: :func:`states_state` of the lines its log gained since the last run; ``seen`` by server name) or
-    the cost policy's prices (``prices``: per "steps,bucket" its graphs' replay + learnt rest in ms at the run's end)
-    exist: each run's prices beside the periods the same run's cycles had (a spell of a slow host moves both; a price
-    at the end of a batch's runs beside the mean period of all of them does not compare)."""
+    result = run()
     cycles = {}
     states = states_state(server, seen)
     if states:
@@ -555,8 +551,15 @@ def with_run_cycles(server, result: dict, seen: dict) -> dict:
     return result
 
 
+def price_key(state: str, batch: int) -> str | None:
+    """The cost policy's "steps,bucket" key of a per-state line's ``state`` ("steps5", "steps0-held") at ``batch``;
+    None for a resume step, which the policy does not time."""
+    steps, _, kind = state.removeprefix("steps").partition("-")
+    return None if kind == "resume" else f"{steps},{batch}"
+
+
 def price_runs_section(rows: list[dict]) -> str:
-    """Markdown: per cost-policy row with per-run cycles (``run_cycles``: :func:`with_run_cycles`), each state's price
+    """Markdown: per cost-policy row with per-run cycles (``run_cycles``: :func:`run_with_cycles`), each state's price
     over the median period its cycles had in the same run, run by run (runs where the state ran and has a price),
     with the geometric mean and its 90 % interval: 1.0 where the policy prices the state at its cycle; "" without
     such rows."""
@@ -565,10 +568,9 @@ def price_runs_section(rows: list[dict]) -> str:
         runs = r.get("run_cycles") or []
         names = sorted({state for c in runs for state in c.get("states", {})})
         for state in names:
-            steps, _, kind = state.removeprefix("steps").partition("-")
-            if kind == "resume":  # (a step the policy does not time)
+            key = price_key(state, r["batch"])
+            if key is None:
                 continue
-            key = f"{steps},{r['batch']}"
             # steps 0's price where it is held is the held cycles' (a step 0 on the speculative path: a turn into it)
             pairs = [(c["prices"][key], c["states"][state]["median_period"]) for c in runs
                      if key in c.get("prices", {}) and c.get("states", {}).get(state, {}).get("median_period")
@@ -601,8 +603,7 @@ def states_section(rows: list[dict]) -> str:
     for r in sorted(timed, key=lambda r: (r["batch"], r["system"])):
         policy = r.get("policy") or {}
         for state, s in r["states"].items():
-            steps, _, kind = state.removeprefix("steps").partition("-")
-            key = None if kind == "resume" else f"{steps},{r['batch']}"  # (the policy times no resume step)
+            key = price_key(state, r["batch"])
             replay, rest = (policy.get("replay_ms") or {}).get(key), (policy.get("rest_ms") or {}).get(key)
             price = "-" if replay is None or rest is None else f"{replay + rest:.3f}"
             period = "-" if s["host_period"] is None else f"{s['host_period']:.3f}"

@@ -70,6 +70,7 @@ import logging
 import os
 import pstats
 import re
+import statistics
 import time
 from collections import deque
 
@@ -212,12 +213,10 @@ def pause_share(periods: list[float]) -> tuple[float, float]:
     """The median of ``periods`` (ms) and the share of their sum in pauses: periods longer than the cost policy's
     pause rule (``adaptive.PAUSE_FACTOR`` x the median + ``adaptive.PAUSE_MS``), which it drops from a state's
     price."""
-    ordered = sorted(periods)
-    n = len(ordered)
-    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    median = statistics.median(periods)
     limit = PAUSE_FACTOR * median + PAUSE_MS
-    total = sum(ordered)
-    return median, (sum(p for p in ordered if p > limit) / total if total > 0 else 0.0)
+    total = sum(periods)
+    return median, (sum(p for p in periods if p > limit) / total if total > 0 else 0.0)
 
 
 def _labels_text(table: dict, spread: bool = False) -> str:
