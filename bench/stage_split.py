@@ -7,9 +7,10 @@ whose servers log to ``<workdir>/<system>.log``)::
 Per log (rank 0): the median over its summary lines (after the first ``--skip``: start-up and warm-up) of the
 scheduler's period, of each stage and of the garbage collector's time (``scheduler stages`` lines: no-spec and
 speculative servers alike), and of the EAGLE worker's host time inside ``forward_batch_generation`` (``cycle timing``
-lines: speculative servers only), and of each part of ``run_batch`` (``run_batch parts`` lines), as a markdown table
-in ms. Medians, since one log mixes the batch sizes a sweep
-ran (read such a table as shares, or give each batch its own run).
+lines: speculative servers only), and of each part of ``run_batch`` (``run_batch parts`` lines) and of SGLang's
+own functions inside the stages (``sglang parts`` lines: the same code in both servers, outside a speculative
+server's wrappers), as a markdown table in ms. Medians, since one log mixes the batch sizes a sweep ran (read such a
+table as shares, or give each batch its own run).
 
 With ``--by-batch``: one row per log and batch size instead. A summary line goes with the batch size of SGLang's own
 decode log lines (``Decode batch, #running-req: N``, every ``--decode-log-interval`` steps) since the previous one,
@@ -33,14 +34,17 @@ from sgl_eagle_triton.config import AB_ARMS
 from sgl_eagle_triton.cycle_timing import (
     RUN_BATCH_PARTS,
     SCHEDULER_STAGES,
+    SGLANG_PARTS,
     parse_arm_summaries,
     parse_parts_summaries,
+    parse_sglang_parts_summaries,
     parse_stage_summaries,
     parse_summaries,
 )
 
 COLUMNS = ("period", *SCHEDULER_STAGES, "rest", "gc", "gc_full")  # gc: inside the stages, not added to them
 PART_COLUMNS = tuple(f"run_batch: {part}" for part in (*RUN_BATCH_PARTS, "other"))  # their sum is run_batch
+SGLANG_COLUMNS = tuple(f"sglang: {part}" for part in SGLANG_PARTS)  # SGLang's own functions inside the stages
 
 
 def split(text: str, skip: int = 1) -> dict:
@@ -50,9 +54,12 @@ def split(text: str, skip: int = 1) -> dict:
     stages = [line for line in parse_stage_summaries(text) if line["rank"] == 0][skip:]
     forward = [line["host_in_forward"] for line in parse_summaries(text) if line["rank"] == 0][skip:]
     parts = [line for line in parse_parts_summaries(text) if line["rank"] == 0][skip:]
+    sglang = [line for line in parse_sglang_parts_summaries(text) if line["rank"] == 0][skip:]
     row = {key: statistics.median(line[key] for line in stages) if stages else None for key in COLUMNS}
     row |= {column: statistics.median(line[column.removeprefix("run_batch: ")] for line in parts) if parts else None
             for column in PART_COLUMNS}
+    row |= {column: statistics.median(line[column.removeprefix("sglang: ")] for line in sglang) if sglang else None
+            for column in SGLANG_COLUMNS}
     row["host_in_forward"] = statistics.median(forward) if forward else None
     row["lines"] = len(stages)
     return row
@@ -76,17 +83,19 @@ def by_batch(text: str) -> dict[int, str]:
             seen = set()
             if label is not None:
                 texts.setdefault(label, []).append(line)
-        elif label is not None and (" run_batch parts, " in line or " cycle timing, " in line):
+        elif label is not None and any(kind in line for kind in (" run_batch parts, ", " sglang parts, ",
+                                                                  " cycle timing, ")):
             texts[label].append(line)
     return {batch: "".join(texts[batch]) for batch in sorted(texts)}
 
 
 def table(rows: dict) -> str:
     """Markdown: one row per log name of :func:`split`'s medians."""
-    head = ["log", "lines", *COLUMNS, "in forward_batch_generation", *PART_COLUMNS]
+    head = ["log", "lines", *COLUMNS, "in forward_batch_generation", *PART_COLUMNS, *SGLANG_COLUMNS]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in rows.items():
-        cells = ["-" if row[k] is None else f"{row[k]:.3f}" for k in (*COLUMNS, "host_in_forward", *PART_COLUMNS)]
+        cells = ["-" if row[k] is None else f"{row[k]:.3f}"
+                 for k in (*COLUMNS, "host_in_forward", *PART_COLUMNS, *SGLANG_COLUMNS)]
         out.append(f"| {name} | {row['lines']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

@@ -51,8 +51,11 @@ each stage line.
 A second line splits ``run_batch`` into the parts of :data:`RUN_BATCH_PARTS` (the future map's sequence-length
 and input resolution, the worker's ``forward_batch_generation``, the batch's pinning for the overlap, the relay of
 the step's outputs to the next step, the result's copy to the host; ``other``: the rest, e.g. the batch's snapshot
-and restore around a speculative forward). A stage called inside another (e.g. result processing inside request
-handling) counts in the outer one only. Under
+and restore around a speculative forward). A third line times SGLang's own functions inside the stages,
+:data:`SGLANG_PARTS` (its decode preparation, forward batch, model forward, sampler, result processing and output
+stream: the same code in every server, outside the wrappers a speculative server puts around them), so that two
+servers' lines show whether a difference is in that code or around it. A stage called inside another (e.g. result
+processing inside request handling) counts in the outer one only. Under
 overlap scheduling the first decode iteration after a prefill is not counted (it holds the prefill's result
 processing); collections in other threads of the process count too. With
 ``SGLANG_EAGLE_TRITON_CYCLE_TIMING_SCOPE=scheduler`` only the schedulers are timed (the workers' :class:`CycleTiming`
@@ -241,6 +244,13 @@ SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batc
 # the SGLang functions run_batch calls that the cycle timing times as its parts (glue.hooks.wrap_run_batch_parts)
 RUN_BATCH_PARTS = ("resolve_seq_lens_cpu", "resolve_forward_inputs", "forward_batch_generation",
                    "record_batch_in_overlap", "_relay_forward_payload", "copy_to_cpu")
+# SGLang's own functions inside the stages, timed wherever a timed stage is under way (glue.hooks.SGLANG_PART_TARGETS):
+# a speculative server's wrappers around them (ours included) stay outside, so that each is compared across servers
+# as the same code (the memory check and decode preparation, the forward batch, the model's forward, the sampler,
+# the decode result processing and its output stream)
+SGLANG_PARTS = ("new_tokens_required_next_decode", "prepare_for_decode", "init_new", "model_forward", "sample",
+                "process_batch_result_decode", "stream_output")
+_PARTS = (*RUN_BATCH_PARTS, *SGLANG_PARTS)
 GC_KEYS = ("gc", "gc_full")  # SchedulerStages: time in Python's garbage collector, all and full collections
 
 
@@ -265,9 +275,9 @@ class SchedulerStages:
         self.gc_open = dict.fromkeys(GC_KEYS, 0.0)  # seconds, the open iteration's collections (all, full)
         self._gc_start: float | None = None
         self._depth = 0  # stages under way (a nested stage counts in the outer one)
-        self.parts_open = dict.fromkeys(RUN_BATCH_PARTS, 0.0)  # seconds, the open iteration's run_batch parts
-        self.parts = dict.fromkeys(RUN_BATCH_PARTS, 0.0)  # seconds, the closed iterations'
-        self._part_depth = dict.fromkeys(RUN_BATCH_PARTS, 0)  # a part inside the same part counts once
+        self.parts_open = dict.fromkeys(_PARTS, 0.0)  # seconds, the open iteration's parts (run_batch's, SGLang's)
+        self.parts = dict.fromkeys(_PARTS, 0.0)  # seconds, the closed iterations'
+        self._part_depth = dict.fromkeys(_PARTS, 0)  # a part inside the same part counts once
         (gc.callbacks if gc_callbacks is None else gc_callbacks).append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -291,6 +301,7 @@ class SchedulerStages:
             if self.count >= self.every:
                 self.log(self.summary())
                 self.log(self.parts_summary())
+                self.log(self.sglang_parts_summary())
                 if self.profiler is not None and self.profiler.getstats():
                     self.log(_profile_report(self.profiler, self.profile_top,
                                              f"{self.name} scheduler profile, rank {self.rank}"))
@@ -299,7 +310,7 @@ class SchedulerStages:
                 self.parts = dict.fromkeys(self.parts, 0.0)
                 self.count = 0
         self.open = dict.fromkeys(SCHEDULER_STAGES, 0.0)
-        self.parts_open = dict.fromkeys(RUN_BATCH_PARTS, 0.0)
+        self.parts_open = dict.fromkeys(_PARTS, 0.0)
         self.gc_open = dict.fromkeys(GC_KEYS, 0.0)
         self._entry = now if decode else None
 
@@ -319,9 +330,9 @@ class SchedulerStages:
             self.open[stage] += self.clock() - start
 
     def time_part(self, part: str, call):
-        """Run ``call()`` (one of :data:`RUN_BATCH_PARTS`, called inside ``run_batch``) and add its host time to the
-        open iteration's part; a part inside the same part (a target worker's forward in a speculative worker's)
-        counts once."""
+        """Run ``call()`` (one of :data:`RUN_BATCH_PARTS`, called inside ``run_batch``, or of :data:`SGLANG_PARTS`)
+        and add its host time to the open iteration's part; a part inside the same part (a target worker's forward in
+        a speculative worker's) counts once."""
         if self._part_depth[part]:
             return call()
         self._part_depth[part] += 1
@@ -334,11 +345,16 @@ class SchedulerStages:
 
     def parts_summary(self) -> str:
         count = max(self.count, 1)
-        ms = {key: value * 1e3 / count for key, value in self.parts.items()}
+        ms = {part: self.parts[part] * 1e3 / count for part in RUN_BATCH_PARTS}
         other = self.sums["run_batch"] * 1e3 / count - sum(ms.values())
         parts = " + ".join(f"{part} {ms[part]:.3f}" for part in RUN_BATCH_PARTS)
         return (f"{self.name} run_batch parts, rank {self.rank}, {self.count} decode iterations: {parts} + other "
                 f"{other:.3f} (ms)")
+
+    def sglang_parts_summary(self) -> str:
+        count = max(self.count, 1)
+        parts = " + ".join(f"{part} {self.parts[part] * 1e3 / count:.3f}" for part in SGLANG_PARTS)
+        return f"{self.name} sglang parts, rank {self.rank}, {self.count} decode iterations: {parts} (ms)"
 
     def summary(self) -> str:
         count = max(self.count, 1)
@@ -432,6 +448,17 @@ def parse_parts_summaries(text: str) -> list[dict]:
     :data:`RUN_BATCH_PARTS` and ``other`` (the rest of ``run_batch``) in ms."""
     return [dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), **_named_values(m["parts"]))
             for m in _PARTS_SUMMARY.finditer(text)]
+
+
+_SGLANG_PARTS_SUMMARY = re.compile(
+    r"(?P<name>\S+) sglang parts, rank (?P<rank>\d+), (?P<count>\d+) decode iterations: (?P<parts>.*?) \(ms\)")
+
+
+def parse_sglang_parts_summaries(text: str) -> list[dict]:
+    """Every :meth:`SchedulerStages.sglang_parts_summary` line in ``text``: ``name``, ``rank``, ``count`` and each of
+    :data:`SGLANG_PARTS` in ms."""
+    return [dict(name=m["name"], rank=int(m["rank"]), count=int(m["count"]), **_named_values(m["parts"]))
+            for m in _SGLANG_PARTS_SUMMARY.finditer(text)]
 
 
 def parse_summaries(text: str) -> list[dict]:
@@ -536,32 +563,38 @@ def timed_stage(stage: str, method, every: int, make_stages=SchedulerStages, pro
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
         stages = _timer_of(self, "_stage_timing", make_stages, every, profile_top, "no-spec")
-        if stage != "run_batch":
-            return stages.time(stage, lambda: method(self, *args, **kwargs))
-        batch = args[0] if args else kwargs.get("batch")
-        stages.iteration(_is_decode(batch))
-        _RUNNING.append(stages)
+        running = stage == "run_batch"
+        if running:
+            batch = args[0] if args else kwargs.get("batch")
+            stages.iteration(_is_decode(batch))
+            _RUNNING.append(stages)
+        _IN_STAGE.append(stages)
         try:
             return stages.time(stage, lambda: method(self, *args, **kwargs))
         finally:
-            _RUNNING.pop()
+            _IN_STAGE.pop()
+            if running:
+                _RUNNING.pop()
 
     timed.sgl_eagle_triton_timed = True
     return timed
 
 
 _RUNNING: list = []  # the SchedulerStages whose run_batch is under way (one scheduler per process; a stack)
+_IN_STAGE: list = []  # the SchedulerStages whose timed stage (any) is under way
 
 
 def timed_part(part: str, function):
-    """``function`` (SGLang's, called inside ``Scheduler.run_batch``; one of :data:`RUN_BATCH_PARTS`) timed as that
-    part of the running scheduler's ``run_batch`` (:meth:`SchedulerStages.time_part`); called outside one, untimed."""
+    """``function`` (SGLang's) timed as that part of the running scheduler's iteration
+    (:meth:`SchedulerStages.time_part`): one of :data:`RUN_BATCH_PARTS` inside ``Scheduler.run_batch``, one of
+    :data:`SGLANG_PARTS` inside any timed stage; called outside them, untimed."""
+    stack = _RUNNING if part in RUN_BATCH_PARTS else _IN_STAGE
 
     @functools.wraps(function)
     def timed(*args, **kwargs):
-        if not _RUNNING:
+        if not stack:
             return function(*args, **kwargs)
-        return _RUNNING[-1].time_part(part, lambda: function(*args, **kwargs))
+        return stack[-1].time_part(part, lambda: function(*args, **kwargs))
 
     timed.sgl_eagle_triton_part = True
     return timed

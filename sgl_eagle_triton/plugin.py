@@ -33,7 +33,14 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
 from sgl_eagle_triton import ALGORITHM_NAME, config, simulated_acceptance
-from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS, SCHEDULER_STAGES, timed_forward, timed_part, timed_stage
+from sgl_eagle_triton.cycle_timing import (
+    RUN_BATCH_PARTS,
+    SCHEDULER_STAGES,
+    SGLANG_PARTS,
+    timed_forward,
+    timed_part,
+    timed_stage,
+)
 from sgl_eagle_triton.glue import hooks, relay, versions
 from sgl_eagle_triton.glue.args import settings
 
@@ -168,8 +175,10 @@ def _time_scheduler_stages(every: int, profile_top: int) -> bool:
                        ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
                        f"; this SGLang has no {', '.join(missing)} (counted in rest)" if missing else "")
         parts_missing = hooks.wrap_run_batch_parts(RUN_BATCH_PARTS, timed_part, "sgl_eagle_triton_part")
+        parts_missing = (parts_missing or []) + (hooks.wrap_run_batch_parts(
+            SGLANG_PARTS, timed_part, "sgl_eagle_triton_part", hooks.SGLANG_PART_TARGETS) or [])
         if parts_missing:
-            logger.warning("%s: run_batch parts without %s (counted in other)", ALGORITHM_NAME,
+            logger.warning("%s: parts without %s (untimed; a run_batch part counts in its other)", ALGORITHM_NAME,
                            ", ".join(parts_missing))
     return missing is None or "run_batch" not in missing
 

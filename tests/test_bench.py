@@ -116,16 +116,25 @@ def test_stage_split_takes_medians_of_rank_0_after_the_skipped_lines():
                 f"resolve_forward_inputs 0.020 + forward_batch_generation {forward:.3f} + record_batch_in_overlap "
                 f"0.030 + _relay_forward_payload 0.040 + copy_to_cpu 0.050 + other 0.060 (ms)\n")
 
-    log = (stage_line(0, 99.0, 99.0) + cycle_line(9.0) + parts_line(0, 9.0) + stage_line(0, 3.0, 2.0)
-           + stage_line(1, 50.0, 50.0) + parts_line(1, 50.0) + cycle_line(1.5) + parts_line(0, 1.2)
-           + stage_line(0, 3.2, 2.2) + stage_line(0, 3.4, 2.4) + cycle_line(1.7) + cycle_line(1.6) + parts_line(0, 1.4))
+    def sglang_line(rank, prepare):
+        return (f"EAGLE_TRITON sglang parts, rank {rank}, 200 decode iterations: new_tokens_required_next_decode "
+                f"0.011 + prepare_for_decode {prepare:.3f} + init_new 0.031 + model_forward 0.041 + sample 0.000 + "
+                f"process_batch_result_decode 0.051 + stream_output 0.061 (ms)\n")
+
+    log = (stage_line(0, 99.0, 99.0) + cycle_line(9.0) + parts_line(0, 9.0) + sglang_line(0, 9.0)
+           + stage_line(0, 3.0, 2.0) + stage_line(1, 50.0, 50.0) + parts_line(1, 50.0) + sglang_line(1, 50.0)
+           + cycle_line(1.5) + parts_line(0, 1.2) + sglang_line(0, 0.2)
+           + stage_line(0, 3.2, 2.2) + stage_line(0, 3.4, 2.4) + cycle_line(1.7) + cycle_line(1.6) + parts_line(0, 1.4)
+           + sglang_line(0, 0.4))
     row = stage_split.split(log)
     assert row["lines"] == 3 and row["period"] == 3.2 and row["run_batch"] == 2.2 and row["rest"] == 0.19
     assert row["host_in_forward"] == 1.6 and row["run_batch: forward_batch_generation"] == pytest.approx(1.3)
+    assert row["sglang: prepare_for_decode"] == pytest.approx(0.3) and row["sglang: sample"] == 0.0
     text = stage_split.table({"ours": row, "nospec": stage_split.split("")})
     assert ("| ours | 3 | 3.200 | 0.100 | 0.200 | 2.200 | 0.010 | 0.500 | 0.190 | 0.050 | 0.020 | 1.600 | 0.010 | "
-            "0.020 | 1.300 | 0.030 | 0.040 | 0.050 | 0.060 |") in text
-    assert "| nospec | 0 |" + " - |" * 17 in text
+            "0.020 | 1.300 | 0.030 | 0.040 | 0.050 | 0.060 | 0.011 | 0.300 | 0.031 | 0.041 | 0.000 | 0.051 | 0.061 |"
+            ) in text
+    assert "| nospec | 0 |" + " - |" * 24 in text
 
 
 def test_stage_split_by_batch_keeps_windows_of_one_batch_size():
@@ -147,7 +156,12 @@ def test_stage_split_by_batch_keeps_windows_of_one_batch_size():
                 f"resolve_forward_inputs 0.020 + forward_batch_generation {forward:.3f} + record_batch_in_overlap "
                 f"0.030 + _relay_forward_payload 0.040 + copy_to_cpu 0.050 + other 0.060 (ms)\n")
 
-    log = (decode(1) + decode(1) + stage(1.0) + parts(0.5) + decode(1) + stage(1.2) + parts(0.7)
+    def sglang(prepare):
+        return (f"EAGLE_TRITON sglang parts, rank 0, 200 decode iterations: new_tokens_required_next_decode 0.010 + "
+                f"prepare_for_decode {prepare:.3f} + init_new 0.030 + model_forward 0.040 + sample 0.000 + "
+                f"process_batch_result_decode 0.050 + stream_output 0.060 (ms)\n")
+
+    log = (decode(1) + decode(1) + stage(1.0) + parts(0.5) + sglang(0.1) + decode(1) + stage(1.2) + parts(0.7)
            + decode(1) + decode(4) + stage(9.0) + parts(9.0)  # the batch changed inside: left out
            + decode(4) + stage(2.0, rank=1) + stage(2.0) + parts(1.5) + stage(7.0) + parts(7.0)  # no decode line
            + decode(4) + stage(2.4) + parts(1.9))
@@ -156,6 +170,7 @@ def test_stage_split_by_batch_keeps_windows_of_one_batch_size():
     one, four = (stage_split.split(texts[b], skip=0) for b in (1, 4))
     assert one["lines"] == 2 and one["period"] == pytest.approx(1.1)
     assert one["run_batch: forward_batch_generation"] == pytest.approx(0.6)
+    assert one["sglang: prepare_for_decode"] == pytest.approx(0.1)  # the window's own line only
     assert four["lines"] == 2 and four["period"] == pytest.approx(2.2)
     assert four["run_batch: forward_batch_generation"] == pytest.approx(1.7)
 

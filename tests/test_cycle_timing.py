@@ -238,7 +238,10 @@ def test_scheduler_stages_split_each_decode_iteration_and_a_prefill_breaks_the_c
                       "0.250 ms, full 0.250 ms",
                       "no-spec run_batch parts, rank 1, 2 decode iterations: resolve_seq_lens_cpu 0.000 + "
                       "resolve_forward_inputs 0.000 + forward_batch_generation 2.500 + record_batch_in_overlap 0.000 + "
-                      "_relay_forward_payload 0.000 + copy_to_cpu 0.500 + other 1.000 (ms)"]
+                      "_relay_forward_payload 0.000 + copy_to_cpu 0.500 + other 1.000 (ms)",
+                      "no-spec sglang parts, rank 1, 2 decode iterations: new_tokens_required_next_decode 0.000 + "
+                      "prepare_for_decode 0.000 + init_new 0.000 + model_forward 0.000 + sample 0.000 + "
+                      "process_batch_result_decode 0.000 + stream_output 0.000 (ms)"]
     host[0] += 100.0  # a long pause in the open iteration: counted as that iteration's rest
     iteration(False, gc_ms=0.25, generation=1)
     iteration(True)
@@ -263,8 +266,8 @@ def test_a_profiled_scheduler_lists_every_stages_functions_run_batch_included():
         stages.time("run_batch", _busy_launch_of_the_step)
         stages.time("process_batch_result", lambda: sorted(range(5000), key=lambda i: -i))
     assert logged[0].startswith("EAGLE3 scheduler stages, rank 0, 1 decode iterations")
-    assert logged[2].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
-    assert "<lambda>" in logged[2] and "_busy_launch_of_the_step" in logged[2]
+    assert logged[3].startswith("EAGLE3 scheduler profile, rank 0, by own then cumulative time")
+    assert "<lambda>" in logged[3] and "_busy_launch_of_the_step" in logged[3]
 
 
 def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
@@ -275,7 +278,7 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     calls = []
     for stage in cycle_timing.SCHEDULER_STAGES:
         monkeypatch.setattr(Scheduler, stage, lambda self, *a, _s=stage, **k: calls.append((_s, a)) or _s)
-    monkeypatch.setattr(hooks, "wrap_run_batch_parts", lambda parts, wrap, marker: [])  # its own test below
+    monkeypatch.setattr(hooks, "wrap_run_batch_parts", lambda parts, wrap, marker, *targets: [])  # tested below
     assert plugin._time_scheduler_stages(9, 0) and plugin._time_scheduler_stages(9, 0)  # run_batch timed (once)
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)
@@ -316,6 +319,33 @@ def test_run_batch_parts_are_timed_inside_a_timed_run_batch_only(monkeypatch):
     assert cycle_timing.parse_parts_summaries(logged[1])[0]["copy_to_cpu"] == pytest.approx(0.25)
     assert cycle_timing.parse_parts_summaries(logged[1])[0]["other"] == pytest.approx(0.0)
     assert not cycle_timing._RUNNING  # run_batch left
+
+
+def test_sglang_parts_are_timed_inside_any_timed_stage_and_logged_apart():
+    """An SGLang part (timed_part of one of SGLANG_PARTS: SGLang's own function inside a stage) counts wherever a
+    timed stage is under way, here the result processing, and is logged on its own line (not in run_batch's other);
+    outside a stage it runs untimed."""
+    host, logged = [0.0], []
+
+    def busy(ms):
+        host[0] += ms
+
+    stream = cycle_timing.timed_part("stream_output", lambda: busy(0.3))
+    stream()  # outside a stage: untimed
+    stages = cycle_timing.SchedulerStages(2, clock=lambda: host[0] / 1e3, log=logged.append, gc_callbacks=[])
+    make = lambda *a, **k: stages  # noqa: E731
+    run_batch = cycle_timing.timed_stage("run_batch", lambda self, batch: busy(1.0), 2, make_stages=make)
+    process = cycle_timing.timed_stage("process_batch_result", lambda self, batch: stream() or busy(0.2), 2,
+                                       make_stages=make)
+    scheduler, batch = SimpleNamespace(), SimpleNamespace(forward_mode=FakeMode(True), is_extend_in_batch=False)
+    for _ in range(3):
+        run_batch(scheduler, batch)
+        process(scheduler, batch)
+    line = cycle_timing.parse_sglang_parts_summaries(logged[2])[0]
+    assert line["stream_output"] == pytest.approx(0.3) and line["prepare_for_decode"] == 0.0
+    assert cycle_timing.parse_parts_summaries(logged[1])[0]["other"] == pytest.approx(1.0)
+    assert cycle_timing.parse_stage_summaries(logged[0])[0]["process_batch_result"] == pytest.approx(0.5)
+    assert not cycle_timing._IN_STAGE
 
 
 @pytest.mark.parametrize("scheduler_timed", [True, False])

@@ -248,6 +248,35 @@ def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch
     assert wrap_run_batch_parts(RUN_BATCH_PARTS, wrap, "marker") is None
 
 
+def test_the_sglang_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
+    """SGLang's own functions the cycle timing times inside the stages (cycle_timing.SGLANG_PARTS) exist here and are
+    replaced once; a classmethod (ForwardBatch.init_new) stays one, its wrapper called with the class."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    from sgl_eagle_triton.cycle_timing import SGLANG_PARTS
+    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, part_target, wrap_run_batch_parts
+
+    assert set(SGLANG_PART_TARGETS) == set(SGLANG_PARTS)
+    for targets in SGLANG_PART_TARGETS.values():
+        for target in targets:  # restored after the test
+            owner, name, function = part_target(target)
+            monkeypatch.setattr(owner, name, function)
+    called = []
+
+    def wrap(part, function):
+        def marked(*a, **k):
+            called.append((part, a[:1]))
+            return "ran"
+
+        marked.marker = True
+        return marked
+
+    assert wrap_run_batch_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) == []
+    assert isinstance(ForwardBatch.__dict__["init_new"], classmethod)
+    assert ForwardBatch.init_new("batch") == "ran" and called == [("init_new", (ForwardBatch,))]
+    assert wrap_run_batch_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) is None
+
+
 def test_the_scheduler_stages_the_cycle_timing_wraps_are_this_sglangs():
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING wraps these Scheduler methods (glue.hooks.wrap_scheduler_stages); run_batch's
     first argument is the batch whose forward mode closes an iteration."""

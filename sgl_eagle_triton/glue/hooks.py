@@ -152,6 +152,20 @@ RUN_BATCH_PART_TARGETS = {  # cycle_timing.RUN_BATCH_PARTS -> the SGLang functio
 }
 
 
+SGLANG_PART_TARGETS = {  # cycle_timing.SGLANG_PARTS -> the SGLang functions timed as that part
+    "new_tokens_required_next_decode": (
+        "sglang.srt.managers.schedule_batch:ScheduleBatch.new_tokens_required_next_decode",),
+    "prepare_for_decode": ("sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_decode",),
+    "init_new": ("sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new",),  # a classmethod
+    "model_forward": ("sglang.srt.model_executor.model_runner:ModelRunner.forward",),
+    "sample": ("sglang.srt.model_executor.model_runner:ModelRunner.sample",),
+    "process_batch_result_decode": ("sglang.srt.managers.scheduler_components.batch_result_processor:"
+                                    "SchedulerBatchResultProcessor.process_batch_result_decode",),
+    "stream_output": ("sglang.srt.managers.scheduler_components.output_streamer:"
+                      "SchedulerOutputStreamer.stream_output",),
+}
+
+
 def part_target(target: str) -> tuple:
     """``(owner, name, function)`` of a :data:`RUN_BATCH_PART_TARGETS` entry ``"module:Owner.name"`` (or
     ``"module:name"``, a module global): the module or class holding the function under ``name``, and the function
@@ -166,20 +180,25 @@ def part_target(target: str) -> tuple:
     return owner, name, owner.__dict__[name] if owner_path else getattr(owner, name)
 
 
-def wrap_run_batch_parts(parts, wrap, marker: str) -> list[str] | None:
-    """Each SGLang function of :data:`RUN_BATCH_PART_TARGETS` for the names in ``parts`` replaced, process-wide, by
-    ``wrap(part, function)`` (diagnostics); returns the targets this SGLang lacks, None if already wrapped."""
+def wrap_run_batch_parts(parts, wrap, marker: str, targets: dict = RUN_BATCH_PART_TARGETS) -> list[str] | None:
+    """Each SGLang function of ``targets`` (:data:`RUN_BATCH_PART_TARGETS`, or :data:`SGLANG_PART_TARGETS`) for the
+    names in ``parts`` replaced, process-wide, by ``wrap(part, function)`` (a classmethod's function wrapped, and
+    bound again as one; diagnostics); returns the targets this SGLang lacks, None if already wrapped."""
     missing = []
     for part in parts:
-        for target in RUN_BATCH_PART_TARGETS[part]:
+        for target in targets[part]:
             try:
                 owner, name, function = part_target(target)
             except (ImportError, AttributeError, KeyError):
                 missing.append(target)
                 continue
+            bound_to_class = isinstance(function, classmethod)
+            if bound_to_class:
+                function = function.__func__
             if getattr(function, marker, False):
                 return None
-            setattr(owner, name, wrap(part, function))
+            wrapped = wrap(part, function)
+            setattr(owner, name, classmethod(wrapped) if bound_to_class else wrapped)
     return missing
 
 
