@@ -301,3 +301,20 @@ def test_the_workers_draft_worker_reads_what_sglangs_property_reads():
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
     w._draft_worker = object()
     assert w.draft_worker is BaseSpecWorker.draft_worker.fget(w) is w._draft_worker
+
+
+def test_the_glue_check_reads_a_timed_classmethods_own_signature(monkeypatch):
+    """Under the cycle timing ForwardBatch.init_new is a classmethod of a wrapper of its function: the worker's
+    start-up check of SGLang's signatures (plain steps 0's) still reads (batch, model_runner, ...), not cls first
+    (a server refused at start before hooks.parameters dropped it)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    from sgl_eagle_triton.cycle_timing import timed_part
+    from sgl_eagle_triton.glue.call_sites import PLAIN_OFF_SIGNATURES
+    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, signature_problem, wrap_run_batch_parts
+
+    monkeypatch.setattr(ForwardBatch, "init_new", ForwardBatch.__dict__["init_new"])  # restored after the test
+    assert wrap_run_batch_parts(["init_new"], timed_part, "sgl_eagle_triton_part", SGLANG_PART_TARGETS) == []
+    variants = next(v for owner, name, v in PLAIN_OFF_SIGNATURES if owner is ForwardBatch and name == "init_new")
+    assert ForwardBatch.__dict__["init_new"].__func__.sgl_eagle_triton_part
+    assert signature_problem(ForwardBatch.init_new, variants) is None

@@ -58,8 +58,9 @@ def resolve(target: str):
 
 
 def parameters(fn) -> list[inspect.Parameter]:
-    """``fn``'s parameters (through wrappers), ``self`` dropped."""
-    return [p for p in inspect.signature(inspect.unwrap(fn)).parameters.values() if p.name != "self"]
+    """``fn``'s parameters (through wrappers), ``self`` dropped, and ``cls`` (a classmethod's own, seen through a
+    wrapper of its function: the cycle timing's of ``ForwardBatch.init_new``)."""
+    return [p for p in inspect.signature(inspect.unwrap(fn)).parameters.values() if p.name not in ("self", "cls")]
 
 
 def signature_problem(fn, variants) -> str | None:
