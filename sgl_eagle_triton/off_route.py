@@ -48,6 +48,8 @@ class NonspecRoute:
     _nonspec_paused = False  # the A/B's arm without the route (config.AB_ARMS["off_nonspec"]): plain steps stay on
     # the speculative path
     _lengths_before = None  # ((seq_lens, seq_lens_cpu) before, seq_lens after) of the last non-speculative preparation
+    _held_last = None  # (req_pool_indices, tokens) of the held step launched last, None after any other launch: the
+    # next held step of the same rows takes its input from it (nonspec.relayed_tokens)
 
     def start_nonspec(self) -> None:
         """The route wherever it can run, unless ``config.OFF_NONSPEC_ENV=0``: not where the plain steps 0 does not
@@ -124,13 +126,15 @@ class NonspecRoute:
         held = off_step.HeldStep(batch.out_cache_loc, after)  # the preparation's slot and lengths
         kept, self._lengths_before = self._lengths_before, None
         before, before_cpu = kept[0] if kept is not None and kept[1] is after else (after - 1, after_cpu - 1)
-        tokens = nonspec.relayed_tokens(batch)
+        tokens = nonspec.relayed_tokens(batch, self._held_last)
+        self._held_last = None
         before_sum = None if after_sum is None else after_sum - after.shape[0]
         batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = before, before_cpu, before_sum
-        batch.spec_info = self.plain_off.verify_input_of(tokens, before, self.topk)
+        batch.spec_info = self.plain_off.held_input(tokens, before, self.topk)
         try:
             result = self._run_plain_step(batch, held)  # (counted as a plain step and a held one)
             self.draft_worker.fill_after_plain_step(batch, result)
+            self._held_last = (batch.req_pool_indices, result.next_token_ids)  # the relay stashes these for them
         finally:
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = after, after_cpu, after_sum
             glue.as_decode(batch)

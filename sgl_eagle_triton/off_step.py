@@ -113,6 +113,7 @@ class PlainOff:
         self.epilogue = epilogue if epilogue is not None and epilogue.tokens else None
         self.filled = False  # the last step's token and draft KV fill came from the graph epilogue
         self._constants: dict[int, tuple] = {}
+        self._held_inputs: dict[int, object] = {}  # held_input's verify input by batch size
 
     def _for(self, bs: int) -> tuple:
         constants = self._constants.get(bs)
@@ -133,6 +134,17 @@ class PlainOff:
         retrieve_index, retrieve_next, _ = self._for(seq_lens.shape[0])
         positions = seq_lens.to(torch.int64)  # the tensor itself when already int64
         return glue.one_node_verify_input(tokens, positions, retrieve_index, retrieve_next, topk)
+
+    def held_input(self, tokens: torch.Tensor, seq_lens: torch.Tensor, topk: int):
+        """:meth:`verify_input_of` for a held step (off_route), one object per batch size whose ``draft_token`` and
+        ``positions`` each held step sets: a held step's verify input is read at its launch only (the forward batch
+        and the graph's input copies), and the batch drops it after (its result carries no draft input)."""
+        made = self._held_inputs.get(seq_lens.shape[0])
+        if made is None or made.topk != topk:
+            made = self._held_inputs[seq_lens.shape[0]] = self.verify_input_of(tokens, seq_lens, topk)
+            return made
+        made.draft_token, made.positions = tokens, seq_lens.to(torch.int64)
+        return made
 
     def step(self, batch, target_worker, req_to_token: torch.Tensor, held: HeldStep | None = None):
         """One plain decode step of ``batch`` (its ``spec_info`` from :meth:`verify_input`) on ``target_worker``

@@ -851,6 +851,7 @@ class EagleTritonWorkerV2(LeanStarts, NonspecRoute, EAGLEWorkerV2):
             self._label_cycle("steps0-held")
             return cycle_timing.worker_step(self, EAGLEWorkerV2.forward_batch_generation,
                                             lambda: self._nonspec_step(batch))
+        self._held_last = None  # (off_route) the next held step gathers its input from the relay
         if self.cost_policy is not None and extend:
             self.cost_policy.forget_last_step()
         if self._ab_steps and not extend and not batch.forward_mode.is_idle() and not self._decided_at_prep:

@@ -285,6 +285,43 @@ def test_a_held_batch_enters_its_step_directly_unless_an_instrument_times_it(mon
     assert timing.state == ("steps0-held" if instrument else "steps0")  # the cycle timing's per-state line
 
 
+def test_a_held_step_of_the_last_held_steps_rows_takes_its_tokens_without_the_gather(monkeypatch):
+    """nonspec.relayed_tokens: the same req_pool_indices tensor as the held step before (nothing filtered, merged or
+    retracted since) -> that step's tokens, no read of the relay; another tensor of the same rows, no last step, or
+    SGLang's CI assertions (consume-once) -> the gather from the relay's buffer."""
+    buf = torch.arange(100, 110)
+    monkeypatch.setattr(relay, "SERVER_FUTURE_MAP", SimpleNamespace(output_tokens_buf=buf))
+    rows, last_tokens = torch.tensor([2, 5]), torch.tensor([7, 8])
+    batch = SimpleNamespace(req_pool_indices=rows)
+    assert nonspec.relayed_tokens(batch, (rows, last_tokens)) is last_tokens
+    assert nonspec.relayed_tokens(batch, (rows.clone(), last_tokens)).tolist() == [102, 105]
+    assert nonspec.relayed_tokens(batch, None).tolist() == [102, 105]
+    monkeypatch.setattr(nonspec, "_CI_ASSERTS", True)
+    monkeypatch.setattr(nonspec.overlap_utils, "_assert_nonneg_and_invalidate", lambda *a: None)
+    assert nonspec.relayed_tokens(batch, (rows, last_tokens)).tolist() == [102, 105]
+
+
+def test_any_launch_but_a_held_step_drops_the_held_steps_tokens(monkeypatch):
+    """The worker keeps the last held step's (rows, tokens) for the next held step only: a prefill, a speculative
+    step or an idle batch launched in between (which moves or replaces the rows' last tokens) drops them."""
+    from sgl_eagle_triton.worker import EAGLEWorkerV2
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", lambda self, batch, *a, **k: "sglang's")
+    w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
+    w.nonspec_on, w._decided_at_prep, w.cost_policy, w._ab_steps, w.plain_off = True, False, None, 0, None
+    w._nonspec_step = lambda batch: "held step"
+    held = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, is_extend_in_batch=False,
+                           forward_mode=schedule_batch.ForwardMode.DECODE)
+    w._held_last = "last"
+    assert w.forward_batch_generation(held) == "held step" and w._held_last == "last"  # (the step's own to replace)
+    for other in (SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, is_extend_in_batch=False,
+                                  forward_mode=schedule_batch.ForwardMode.EXTEND),
+                  SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE, is_extend_in_batch=False,
+                                  forward_mode=schedule_batch.ForwardMode.DECODE)):
+        w._held_last = "last"
+        assert w.forward_batch_generation(other) == "sglang's" and w._held_last is None
+
+
 @pytest.mark.parametrize("past", [1, 3])
 def test_a_held_batch_frees_what_a_merged_prefill_holds_beyond_its_commit(sglang_preps, past):
     schedule = Schedule(prompts=(5, 9))
@@ -403,7 +440,8 @@ def test_a_held_plain_step_keeps_the_batch_non_speculative(monkeypatch):
 
 
 def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_the_batch_back(monkeypatch):
-    monkeypatch.setattr(nonspec, "relayed_tokens", lambda batch: torch.tensor([7, 8]))
+    relayed = []
+    monkeypatch.setattr(nonspec, "relayed_tokens", lambda batch, last: relayed.append(last) or torch.tensor([7, 8]))
     unfenced = []
     monkeypatch.setattr(nonspec, "publish_unfenced", lambda: unfenced.append(True))
     w = EagleTritonWorkerV2.__new__(EagleTritonWorkerV2)
@@ -418,27 +456,31 @@ def test_the_non_speculative_step_is_the_plain_step_before_its_token_and_hands_t
                     positions=batch.spec_info.positions.tolist(), held=held)
         return "result"
 
-    w._run_plain_step = run
+    result = SimpleNamespace(next_token_ids=torch.tensor([9, 10]))
+    w._run_plain_step = lambda batch, held: run(batch, held) and result
     w._draft_worker = SimpleNamespace(fill_after_plain_step=lambda batch, result: filled.append(
         (batch.seq_lens.tolist(), result, list(unfenced))))
-    after, slots = torch.tensor([11, 21]), torch.tensor([40, 41])
+    after, slots, rows = torch.tensor([11, 21]), torch.tensor([40, 41]), torch.tensor([3, 5])
     batch = SimpleNamespace(seq_lens=after, seq_lens_cpu=after.clone(), seq_lens_sum=32, spec_info=None,
-                            forward_mode="verify", out_cache_loc=slots)
-    assert w._nonspec_step(batch) == "result"
+                            forward_mode="verify", out_cache_loc=slots, req_pool_indices=rows)
+    assert w._nonspec_step(batch) is result and relayed == [None]
+    # the next held step's input: this step's tokens for these rows (nonspec.relayed_tokens decides)
+    assert w._held_last[0] is rows and w._held_last[1] is result.next_token_ids
     held = seen.pop("held")  # the preparation's slots and lengths after the token (off_step.HeldStep)
     assert held.slots is slots and held.seq_lens_after is after
     assert seen == {"seq_lens": [10, 20], "seq_lens_cpu": [10, 20], "seq_lens_sum": 30, "tokens": [7, 8],
                     "positions": [10, 20]}
-    assert filled == [([10, 20], "result", [])]  # the fill, then the publish announced unfenced
+    assert filled == [([10, 20], result, [])]  # the fill, then the publish announced unfenced
     assert unfenced == [True]
     assert batch.seq_lens is after and batch.seq_lens_cpu.tolist() == [11, 21] and batch.spec_info is None
     assert batch.seq_lens_sum == 32 and batch.forward_mode.is_decode()
     # where the preparation of this batch's lengths kept the ones before the token, the step reads those tensors
     before, before_cpu = torch.tensor([10, 20]), torch.tensor([10, 20])
     lengths = {}
-    w._run_plain_step = lambda batch, held: lengths.update(seq_lens=batch.seq_lens, cpu=batch.seq_lens_cpu) or "result"
+    w._run_plain_step = lambda batch, held: lengths.update(seq_lens=batch.seq_lens, cpu=batch.seq_lens_cpu) or result
     w._lengths_before = ((before, before_cpu), after)
     w._nonspec_step(batch)
+    assert relayed[-1] == (rows, result.next_token_ids)
     assert lengths["seq_lens"] is before and lengths["cpu"] is before_cpu and w._lengths_before is None
     w._lengths_before = ((torch.tensor([0, 0]), torch.tensor([0, 0])), torch.tensor([11, 21]))  # another batch's
     w._nonspec_step(batch)

@@ -52,6 +52,22 @@ def test_the_one_node_input_is_sglangs_without_launches():
     assert off.verify_input(_batch(seq_lens=(4,), rows=(2,), bonus=(9,)), topk=1).retrieve_index.tolist() == [[0]]
 
 
+def test_a_held_steps_input_is_one_object_a_batch_size_with_this_steps_tokens_and_positions():
+    """PlainOff.held_input: the one-node input of a held step, made at a size's first held step and then given each
+    step's tokens and positions (int64), the size's constants kept; another size or topk gets its own."""
+    off = PlainOff("cpu")
+    first = off.held_input(torch.tensor([5, 6]), torch.tensor([10, 20]), topk=1)
+    assert first.draft_token.tolist() == [5, 6] and first.positions.tolist() == [10, 20]
+    tokens, lengths = torch.tensor([7, 8]), torch.tensor([11, 21], dtype=torch.int32)
+    again = off.held_input(tokens, lengths, topk=1)
+    assert again is first and again.draft_token is tokens and again.positions.dtype == torch.int64
+    assert again.positions.tolist() == [11, 21] and again.retrieve_index.tolist() == [[0], [1]]
+    assert again.draft_token_num == 1 and again.custom_mask is None
+    other = off.held_input(torch.tensor([1]), torch.tensor([3]), topk=1)
+    assert other is not first and other.retrieve_index.tolist() == [[0]]
+    assert off.held_input(tokens, lengths, topk=2) is not first
+
+
 def _target(vocab=8, features=6):
     """A target worker whose forward returns logits favouring token ``(row + 2) % vocab`` and whose sampler is the
     argmax, recording what SGLang's would be handed."""

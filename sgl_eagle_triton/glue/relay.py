@@ -11,8 +11,9 @@ token alone). :func:`bonus_only_after_fill` makes a server's future map relay th
 whose top-k probabilities are :func:`mark_stub`-marked, and give the next step stub views in place of the gather.
 A payload of the token alone (no top-k, no hidden states: a held step's result, which carries no draft input; SGLang's
 own stash would fail on it on a server relaying top-k) is relayed the same way. A publish that
-:func:`publish_unfenced` announced (the scheduler's publish of a held step's lengths, which no step resolves on
-the host) is a no-spec server's: no event.
+:func:`publish_unfenced` announced (the scheduler's publish of a held step's lengths) is left out, no write and no
+event: nothing reads those lengths (a held batch's next step is non-speculative, and a batch turned back keeps its
+lengths: :data:`LENGTHS_KEPT`), where a no-spec server writes them for nobody.
 
 Everything else goes to SGLang's methods: a payload or draft input without the mark, the first stash (SGLang makes
 its buffers from the first payload), draft probabilities, DSA top-k indices, ngram, an idle batch, and SGLang's CI
@@ -26,14 +27,12 @@ from __future__ import annotations
 import functools
 
 import torch
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 STUB_MARK = "sgl_eagle_triton_stub"  # set on the stub tensors of a fill-only step's draft input
 # set on a draft input whose batch's seq_lens are already what the step reads (a batch turned speculative again after
 # non-speculative steps: glue.nonspec.leave): the relay's sequence-length resolve leaves them
 LENGTHS_KEPT = "sgl_eagle_triton_lengths_kept"
 SERVER_FUTURE_MAP = None  # the future map bonus_only_after_fill made last in this process (a scheduler makes one)
-_NO_SPEC = SpeculativeAlgorithm.NONE
 UNFENCED = "sgl_eagle_triton_unfenced"  # set on the future map: its next publish is a no-spec server's (no event)
 
 
@@ -67,12 +66,8 @@ def _bonus_only_class(base: type) -> type:
         def publish(self, *args, **kwargs):
             if not self.__dict__.get(UNFENCED) or ci_asserts:
                 return super().publish(*args, **kwargs)
-            self.__dict__[UNFENCED] = False
-            algorithm, self.spec_algo = self.spec_algo, _NO_SPEC  # SGLang's publish without its spec-v2 event
-            try:
-                return super().publish(*args, **kwargs)
-            finally:
-                self.spec_algo = algorithm
+            self.__dict__[UNFENCED] = False  # a held step's lengths: read by nobody (the module's docstring)
+            return None
 
         def resolve_seq_lens_cpu(self, batch, *args, **kwargs):
             if getattr(batch.spec_info, LENGTHS_KEPT, False):
@@ -115,11 +110,11 @@ def _relays_bonus_alone(future_map, payload) -> bool:
 
 
 def publish_unfenced(future_map) -> None:
-    """``future_map``'s next ``publish`` (the scheduler's, of a held step's lengths: off_route) as a no-spec server's,
-    without the spec-v2 event that fences the next speculative step's resolve of those lengths: none resolves them
-    (the held batch's next step is non-speculative, and a batch turned back keeps its lengths: :data:`LENGTHS_KEPT`),
-    and a later speculative publish records the event after this one on the same stream. SGLang's own under its CI
-    assertions (which check that each resolve follows a fresh publish)."""
+    """``future_map``'s next ``publish`` (the scheduler's, of a held step's lengths: off_route) left out: neither the
+    write of the lengths nor the spec-v2 event that fences a speculative step's resolve of them; none resolves them
+    (the held batch's next step is non-speculative, and a batch turned back keeps its lengths: :data:`LENGTHS_KEPT`;
+    a later speculative publish writes its own and records the event). SGLang's own under its CI assertions (which
+    check that each resolve follows a fresh publish)."""
     if future_map is not None:
         future_map.__dict__[UNFENCED] = True
 
