@@ -116,11 +116,12 @@ class NonspecRoute:
 
     def _nonspec_step(self, batch):
         """A decode step of a non-speculative ``batch`` (its preparation SGLang's: ``seq_lens`` count its input token,
-        ``out_cache_loc`` [bs] its slot): the plain step at the lengths before the token (the tensors the preparation
+        ``out_cache_loc`` [bs] its slot): the plain step of the relayed tokens (the previous held step's own where the
+        batch holds its rows: ``nonspec.relayed_tokens``) at the lengths before the token (the tensors the preparation
         replaced, where it prepared these lengths) in that slot (no gather from ``req_to_token``; a result without
         accept lengths: SGLang's non-speculative processing reads none; no draft input: the scheduler relays the token
         as a no-spec step's), its draft KV fill, the batch as SGLang's launch expects it back (non-speculative lengths,
-        decode mode, no draft input), and the scheduler's publish of its lengths without the spec-v2 event
+        decode mode, no draft input), and the scheduler's publish of its lengths left out
         (``nonspec.publish_unfenced``)."""
         after, after_cpu, after_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
         held = off_step.HeldStep(batch.out_cache_loc, after)  # the preparation's slot and lengths

@@ -24,8 +24,10 @@ flight (the step's input token goes at that position), and its preparation commi
   last step stashed, the next step resumes with the full draft extend) that tells the relay's sequence-length resolve
   to keep ``seq_lens`` (``relay.LENGTHS_KEPT``: the non-speculative publish wrote one more than a speculative step
   reads); then SGLang's speculative preparation reserves from the exact commit.
-- :func:`publish_unfenced` (after a held step): the scheduler's publish of its lengths is a no-spec server's, without
-  the spec-v2 event (``glue.relay``).
+- :func:`publish_unfenced` (after a held step): the scheduler's publish of its lengths is left out, write and spec-v2
+  event (``glue.relay``: nothing reads them).
+- :func:`relayed_tokens`: a held step's input tokens, the relay's gather or, for the previous held step's rows, that
+  step's tokens.
 - :func:`install`: SGLang's ``ScheduleBatch.prepare_for_decode`` runs through the route's preparation; a held
   batch's memory check (``new_tokens_required_next_decode``, before the preparation) asks room for the speculative
   reservation too, so that turning back never allocates past what SGLang checked (it evicts or retracts first); and its

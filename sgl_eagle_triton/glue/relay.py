@@ -33,7 +33,7 @@ STUB_MARK = "sgl_eagle_triton_stub"  # set on the stub tensors of a fill-only st
 # non-speculative steps: glue.nonspec.leave): the relay's sequence-length resolve leaves them
 LENGTHS_KEPT = "sgl_eagle_triton_lengths_kept"
 SERVER_FUTURE_MAP = None  # the future map bonus_only_after_fill made last in this process (a scheduler makes one)
-UNFENCED = "sgl_eagle_triton_unfenced"  # set on the future map: its next publish is a no-spec server's (no event)
+UNFENCED = "sgl_eagle_triton_unfenced"  # set on the future map: its next publish (a held step's) is left out
 
 
 def mark_stub(tensor: torch.Tensor | None) -> torch.Tensor | None:
