@@ -224,17 +224,24 @@ def test_the_algorithm_name_in_any_letter_case_is_ours():
     assert not config.is_ours(SimpleNamespace(speculative_algorithm=None))
 
 
+def _restored_after_the_test(monkeypatch, part_targets: dict) -> None:
+    """Every SGLang function of ``part_targets`` (glue.hooks' part tables) put back as it is now after the test."""
+    from sgl_eagle_triton.glue.hooks import part_target
+
+    for targets in part_targets.values():
+        for target in targets:
+            owner, name, function = part_target(target)
+            monkeypatch.setattr(owner, name, function)
+
+
 def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING times these SGLang functions as parts of run_batch
     (glue.hooks.wrap_run_batch_parts): each exists here and is replaced once (a second call finds them wrapped)."""
     from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS
-    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, part_target, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, wrap_run_batch_parts
 
     assert set(RUN_BATCH_PART_TARGETS) == set(RUN_BATCH_PARTS)
-    for targets in RUN_BATCH_PART_TARGETS.values():
-        for target in targets:  # restored after the test
-            owner, name, function = part_target(target)
-            monkeypatch.setattr(owner, name, function)
+    _restored_after_the_test(monkeypatch, RUN_BATCH_PART_TARGETS)
     wrapped = []
 
     def wrap(part, function):
@@ -254,13 +261,10 @@ def test_the_sglang_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     from sgl_eagle_triton.cycle_timing import SGLANG_PARTS
-    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, part_target, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, wrap_run_batch_parts
 
     assert set(SGLANG_PART_TARGETS) == set(SGLANG_PARTS)
-    for targets in SGLANG_PART_TARGETS.values():
-        for target in targets:  # restored after the test
-            owner, name, function = part_target(target)
-            monkeypatch.setattr(owner, name, function)
+    _restored_after_the_test(monkeypatch, SGLANG_PART_TARGETS)
     called = []
 
     def wrap(part, function):
