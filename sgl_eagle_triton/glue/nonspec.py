@@ -22,8 +22,9 @@ flight (the step's input token goes at that position), and its preparation commi
 - :func:`leave` (the policy drafts): the algorithm back; ``seq_lens`` already count what the speculative step reads
   (KV written, the commit exact); a draft input of marked stubs (``glue.relay``: the relay gathers the bonus token the
   last step stashed, the next step resumes with the full draft extend) that tells the relay's sequence-length resolve
-  to keep ``seq_lens`` (``relay.LENGTHS_KEPT``: the non-speculative publish wrote one more than a speculative step
-  reads); then SGLang's speculative preparation reserves from the exact commit.
+  to keep ``seq_lens`` (``relay.LENGTHS_KEPT``: no held step writes the lengths that resolve reads, and a
+  non-speculative publish would count one more than a speculative step reads); then SGLang's speculative preparation
+  reserves from the exact commit.
 - :func:`publish_unfenced` (after a held step): the scheduler's publish of its lengths is left out, write and spec-v2
   event (``glue.relay``: nothing reads them).
 - :func:`relayed_tokens`: a held step's input tokens, the relay's gather or, for the previous held step's rows, that
