@@ -241,7 +241,7 @@ def _labels_text(table: dict, spread: bool = False) -> str:
 
 SCHEDULER_STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "_apply_war_barrier",
                     "process_batch_result")  # glue.hooks.wrap_scheduler_stages wraps these SGLang Scheduler methods
-# the SGLang functions run_batch calls that the cycle timing times as its parts (glue.hooks.wrap_run_batch_parts)
+# the SGLang functions run_batch calls that the cycle timing times as its parts (glue.hooks.wrap_parts)
 RUN_BATCH_PARTS = ("resolve_seq_lens_cpu", "resolve_forward_inputs", "forward_batch_generation",
                    "record_batch_in_overlap", "_relay_forward_payload", "copy_to_cpu")
 # SGLang's own functions inside the stages, timed wherever a timed stage is under way (glue.hooks.SGLANG_PART_TARGETS):

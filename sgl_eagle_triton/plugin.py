@@ -174,8 +174,8 @@ def _time_scheduler_stages(every: int, profile_top: int) -> bool:
         logger.warning("%s: %s=%d: every scheduler of this process logs its stages' host time (diagnostics)%s",
                        ALGORITHM_NAME, config.CYCLE_TIMING_ENV, every,
                        f"; this SGLang has no {', '.join(missing)} (counted in rest)" if missing else "")
-        parts_missing = hooks.wrap_run_batch_parts(RUN_BATCH_PARTS, timed_part, "sgl_eagle_triton_part")
-        parts_missing = (parts_missing or []) + (hooks.wrap_run_batch_parts(
+        parts_missing = hooks.wrap_parts(RUN_BATCH_PARTS, timed_part, "sgl_eagle_triton_part")
+        parts_missing = (parts_missing or []) + (hooks.wrap_parts(
             SGLANG_PARTS, timed_part, "sgl_eagle_triton_part", hooks.SGLANG_PART_TARGETS) or [])
         if parts_missing:
             logger.warning("%s: parts without %s (untimed; a run_batch part counts in its other)", ALGORITHM_NAME,

@@ -278,7 +278,7 @@ def test_every_scheduler_is_timed_through_its_wrapped_stages(monkeypatch):
     calls = []
     for stage in cycle_timing.SCHEDULER_STAGES:
         monkeypatch.setattr(Scheduler, stage, lambda self, *a, _s=stage, **k: calls.append((_s, a)) or _s)
-    monkeypatch.setattr(hooks, "wrap_run_batch_parts", lambda parts, wrap, marker, *targets: [])  # tested below
+    monkeypatch.setattr(hooks, "wrap_parts", lambda parts, wrap, marker, *targets: [])  # tested below
     assert plugin._time_scheduler_stages(9, 0) and plugin._time_scheduler_stages(9, 0)  # run_batch timed (once)
     assert Scheduler.run_batch.sgl_eagle_triton_timed and Scheduler.run_batch.__wrapped__.__name__ == "<lambda>"
     scheduler = Scheduler.__new__(Scheduler)

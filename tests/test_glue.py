@@ -236,9 +236,9 @@ def _restored_after_the_test(monkeypatch, part_targets: dict) -> None:
 
 def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
     """SGLANG_EAGLE_TRITON_CYCLE_TIMING times these SGLang functions as parts of run_batch
-    (glue.hooks.wrap_run_batch_parts): each exists here and is replaced once (a second call finds them wrapped)."""
+    (glue.hooks.wrap_parts): each exists here and is replaced once (a second call finds them wrapped)."""
     from sgl_eagle_triton.cycle_timing import RUN_BATCH_PARTS
-    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import RUN_BATCH_PART_TARGETS, wrap_parts
 
     assert set(RUN_BATCH_PART_TARGETS) == set(RUN_BATCH_PARTS)
     _restored_after_the_test(monkeypatch, RUN_BATCH_PART_TARGETS)
@@ -250,9 +250,9 @@ def test_the_run_batch_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch
         marked.marker = True
         return marked
 
-    assert wrap_run_batch_parts(RUN_BATCH_PARTS, wrap, "marker") == []
+    assert wrap_parts(RUN_BATCH_PARTS, wrap, "marker") == []
     assert sorted(wrapped) == sorted(part for part, targets in RUN_BATCH_PART_TARGETS.items() for _ in targets)
-    assert wrap_run_batch_parts(RUN_BATCH_PARTS, wrap, "marker") is None
+    assert wrap_parts(RUN_BATCH_PARTS, wrap, "marker") is None
 
 
 def test_the_sglang_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
@@ -261,7 +261,7 @@ def test_the_sglang_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     from sgl_eagle_triton.cycle_timing import SGLANG_PARTS
-    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, wrap_parts
 
     assert set(SGLANG_PART_TARGETS) == set(SGLANG_PARTS)
     _restored_after_the_test(monkeypatch, SGLANG_PART_TARGETS)
@@ -275,10 +275,10 @@ def test_the_sglang_parts_the_cycle_timing_wraps_are_this_sglangs(monkeypatch):
         marked.marker = True
         return marked
 
-    assert wrap_run_batch_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) == []
+    assert wrap_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) == []
     assert isinstance(ForwardBatch.__dict__["init_new"], classmethod)
     assert ForwardBatch.init_new("batch") == "ran" and called == [("init_new", (ForwardBatch,))]
-    assert wrap_run_batch_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) is None
+    assert wrap_parts(SGLANG_PARTS, wrap, "marker", SGLANG_PART_TARGETS) is None
 
 
 def test_the_scheduler_stages_the_cycle_timing_wraps_are_this_sglangs():
@@ -315,10 +315,10 @@ def test_the_glue_check_reads_a_timed_classmethods_own_signature(monkeypatch):
 
     from sgl_eagle_triton.cycle_timing import timed_part
     from sgl_eagle_triton.glue.call_sites import PLAIN_OFF_SIGNATURES
-    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, signature_problem, wrap_run_batch_parts
+    from sgl_eagle_triton.glue.hooks import SGLANG_PART_TARGETS, signature_problem, wrap_parts
 
     monkeypatch.setattr(ForwardBatch, "init_new", ForwardBatch.__dict__["init_new"])  # restored after the test
-    assert wrap_run_batch_parts(["init_new"], timed_part, "sgl_eagle_triton_part", SGLANG_PART_TARGETS) == []
+    assert wrap_parts(["init_new"], timed_part, "sgl_eagle_triton_part", SGLANG_PART_TARGETS) == []
     variants = next(v for owner, name, v in PLAIN_OFF_SIGNATURES if owner is ForwardBatch and name == "init_new")
     assert ForwardBatch.__dict__["init_new"].__func__.sgl_eagle_triton_part
     assert signature_problem(ForwardBatch.init_new, variants) is None

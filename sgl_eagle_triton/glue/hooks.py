@@ -181,7 +181,7 @@ def part_target(target: str) -> tuple:
     return owner, name, owner.__dict__[name] if owner_path else getattr(owner, name)
 
 
-def wrap_run_batch_parts(parts, wrap, marker: str, targets: dict = RUN_BATCH_PART_TARGETS) -> list[str] | None:
+def wrap_parts(parts, wrap, marker: str, targets: dict = RUN_BATCH_PART_TARGETS) -> list[str] | None:
     """Each SGLang function of ``targets`` (:data:`RUN_BATCH_PART_TARGETS`, or :data:`SGLANG_PART_TARGETS`) for the
     names in ``parts`` replaced, process-wide, by ``wrap(part, function)`` (a classmethod's function wrapped, and
     bound again as one; diagnostics); returns the targets this SGLang lacks, None if already wrapped."""
